@@ -1,0 +1,116 @@
+"""The pipeline, parse -> derive -> plan -> render -> write, as a Python API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from . import __version__
+from .derive import derive
+from .errors import SymgradError
+from .naming import check_class_name
+from .parse import parse_spec
+from .plan import make_plan
+from .render import render, template_dir, template_fingerprint, template_name
+from .spec import SAVE_POLICIES, Spec
+from .write import Header, compose, ensure_package, write_if_changed
+
+
+def build_spec(
+    expr: str,
+    name: str,
+    *,
+    inputs: Iterable[str] | None = None,
+    params: Iterable[str] | None = None,
+    domain: Mapping[str, tuple[float, float]] | None = None,
+    grads: Mapping[str, str] | None = None,
+    inplace: bool = False,
+    save: str = "memory",
+    fuse: bool = False,
+    templates: str | None = None,
+) -> Spec:
+    """Validate Python-API arguments into a :class:`Spec`."""
+    if save not in SAVE_POLICIES:
+        raise SymgradError(f"save={save!r}: expected one of {', '.join(SAVE_POLICIES)}")
+    if not isinstance(name, str):
+        raise SymgradError("name must be a string")
+    return Spec(
+        expr=expr,
+        name=name,
+        inputs=None if inputs is None else tuple(inputs),
+        params=tuple(params or ()),
+        domain=tuple((str(k), float(lo), float(hi)) for k, (lo, hi) in sorted((domain or {}).items())),
+        grads=tuple((str(k), str(v)) for k, v in sorted((grads or {}).items())),
+        inplace=bool(inplace),
+        save=save,
+        fuse=bool(fuse),
+        templates=templates,
+    )
+
+
+def source_for_spec(spec: Spec, base_dir: str | Path | None = None) -> str:
+    """The complete module text (header and body) that ``spec`` generates.
+
+    A relative ``spec.templates`` is resolved against ``base_dir`` (the output folder),
+    so that a recorded override still works when regenerating from elsewhere.
+    """
+    check_class_name(spec.name)
+    if spec.inplace:
+        _check_inplace(spec)
+    plan = make_plan(derive(parse_spec(spec)))
+    templates = spec.templates
+    if templates is not None and base_dir is not None and not Path(templates).is_absolute():
+        templates = str(Path(base_dir) / templates)
+    directory = template_dir(templates)
+    body = render(plan, directory)
+    header = Header(
+        spec=spec, version=__version__, template=template_name(plan), fingerprint=template_fingerprint(directory)
+    )
+    return compose(header, body)
+
+
+def _check_inplace(spec: Spec) -> None:
+    outputs = parse_spec(spec).outputs
+    if len(outputs) != 1 or outputs[0].reduction is not None:
+        raise SymgradError("--inplace needs a single elementwise output (it is written into the first input)")
+
+
+def generate_source(
+    expr: str,
+    name: str,
+    *,
+    inputs: Iterable[str] | None = None,
+    params: Iterable[str] | None = None,
+    **options: Any,
+) -> str:
+    """Return the source of a generated module.
+
+    Args:
+        expr: the expression, e.g. ``"sqrt(x)+1/x"``; ``"x*y, x+y"`` gives two outputs.
+        name: the class name, e.g. ``"SqrtInverse"``.
+        inputs: differentiable inputs in order (default: free symbols by name, minus params).
+        params: non-differentiable values passed after the inputs.
+        **options: ``domain`` ({name: (low, high)}), ``grads`` ({input: expr}),
+            ``inplace``, ``save``, ``fuse``, ``templates``.
+
+    Raises:
+        SymgradError: for any bad input, with the message the CLI prints.
+    """
+    known = {"domain", "grads", "inplace", "save", "fuse", "templates"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise SymgradError(f"unknown option {unknown[0]!r}; expected one of {', '.join(sorted(known))}")
+    return source_for_spec(build_spec(expr, name, inputs=inputs, params=params, **options))
+
+
+def output_path(spec: Spec, out_dir: str | Path) -> Path:
+    """Where ``spec``'s module goes in ``out_dir``."""
+    return Path(out_dir) / f"{check_class_name(spec.name)}.py"
+
+
+def generate_file(spec: Spec, out_dir: str | Path = "generated", *, force: bool = False) -> tuple[Path, str]:
+    """Generate ``spec`` into ``out_dir``; returns the path and "created"/"updated"/"unchanged"."""
+    path = output_path(spec, out_dir)
+    text = source_for_spec(spec, out_dir)  # everything that can fail is done before touching disk
+    ensure_package(Path(out_dir))
+    return path, write_if_changed(path, text, force=force)

@@ -1,0 +1,18 @@
+"""The one exception type for bad user input."""
+
+from __future__ import annotations
+
+
+class SymgradError(ValueError):
+    """A user-input error.
+
+    The message is one line, ready for ``symgrad: error: ...``. For syntax errors
+    ``caret`` holds the expression with a caret under the offending column, which the
+    CLI prints below the message.
+    """
+
+    def __init__(self, message: str, *, caret: str | None = None) -> None:
+        # The CLI contract is one line per error, so flatten newlines here, once,
+        # instead of trusting every raise site.
+        super().__init__(" ".join(message.split()))
+        self.caret = caret

@@ -1,0 +1,107 @@
+"""The single table of supported functions: what users write, what SymPy builds, what
+torch code prints, and where the function is defined.
+
+This table is the single source of truth for the parser's whitelist, the printer and
+the sampling-domain derivation; the README's table is generated from it
+(``python -m symgrad --list-functions``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import sympy
+from sympy.codegen.cfunctions import expm1, log1p
+
+# Where a function's argument must lie, for sampling test inputs. OpInfo-style domains.
+POSITIVE = "positive"  # arg > 0
+NONZERO = "nonzero"  # arg != 0
+UNIT = "unit"  # -1 < arg < 1
+ABOVE_ONE = "above_one"  # arg > 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One supported function.
+
+    Args:
+        name: what users write in an expression.
+        build: makes the SymPy expression from the parsed arguments.
+        arity: the allowed numbers of arguments (``None`` for "one or more").
+        torch: the torch spelling, for the README table.
+        domain: where the (first) argument must lie, or ``None``.
+        note: a caveat for the README table.
+    """
+
+    name: str
+    build: Callable[..., sympy.Expr]
+    arity: tuple[int, ...] | None
+    torch: str
+    domain: str | None = None
+    note: str = ""
+
+
+def _log(arg: sympy.Expr, base: sympy.Expr | None = None) -> sympy.Expr:
+    return sympy.log(arg) if base is None else sympy.log(arg) / sympy.log(base)
+
+
+def _unary(name: str, fn: Callable[..., sympy.Expr], torch: str, domain: str | None = None, note: str = "") -> Entry:
+    return Entry(name, fn, (1,), torch, domain, note)
+
+
+FUNCTIONS: dict[str, Entry] = {
+    entry.name: entry
+    for entry in (
+        _unary("sqrt", sympy.sqrt, "torch.sqrt", POSITIVE),
+        _unary("exp", sympy.exp, "torch.exp"),
+        Entry("log", _log, (1, 2), "torch.log", POSITIVE, "log(x, b) is log(x)/log(b)"),
+        _unary("log1p", log1p, "torch.log1p"),
+        _unary("expm1", expm1, "torch.expm1"),
+        _unary("sin", sympy.sin, "torch.sin"),
+        _unary("cos", sympy.cos, "torch.cos"),
+        _unary("tan", sympy.tan, "torch.tan"),
+        _unary("asin", sympy.asin, "torch.asin", UNIT),
+        _unary("acos", sympy.acos, "torch.acos", UNIT),
+        _unary("atan", sympy.atan, "torch.atan"),
+        Entry("atan2", sympy.atan2, (2,), "torch.atan2", note="atan2(y, x)"),
+        _unary("sinh", sympy.sinh, "torch.sinh"),
+        _unary("cosh", sympy.cosh, "torch.cosh"),
+        _unary("tanh", sympy.tanh, "torch.tanh"),
+        _unary("asinh", sympy.asinh, "torch.asinh"),
+        _unary("acosh", sympy.acosh, "torch.acosh", ABOVE_ONE),
+        _unary("atanh", sympy.atanh, "torch.atanh", UNIT),
+        _unary("Abs", sympy.Abs, "torch.abs", note="also abs(x)"),
+        _unary("abs", sympy.Abs, "torch.abs", note="same as Abs"),
+        _unary("sign", sympy.sign, "torch.sign"),
+        Entry("Max", sympy.Max, None, "torch.maximum / torch.clamp", note="any arity, elementwise"),
+        Entry("Min", sympy.Min, None, "torch.minimum / torch.clamp", note="any arity, elementwise"),
+        Entry("Piecewise", sympy.Piecewise, None, "torch.where", note="Piecewise((a, cond), ..., (b, True))"),
+        _unary("Heaviside", sympy.Heaviside, "torch.sign", note="Heaviside(0) = 1/2, as SymPy"),
+        _unary("floor", sympy.floor, "torch.floor"),
+        _unary("ceiling", sympy.ceiling, "torch.ceil"),
+        _unary("erf", sympy.erf, "torch.special.erf"),
+        _unary("erfc", sympy.erfc, "torch.special.erfc"),
+        _unary("gamma", sympy.gamma, "torch.lgamma + sign", note="exp(lgamma(x)) with the sign of gamma"),
+        _unary("loggamma", sympy.loggamma, "torch.lgamma", POSITIVE),
+        _unary("digamma", sympy.digamma, "torch.special.digamma"),
+        # Reductions are handled by the parser itself (they may only wrap a whole output).
+        Entry("sum", lambda arg: arg, (1,), "Tensor.sum", note="whole-tensor, outermost only"),
+        Entry("mean", lambda arg: arg, (1,), "Tensor.mean", note="whole-tensor, outermost only"),
+    )
+}
+
+REDUCTIONS = ("sum", "mean")
+
+# Named constants users may write. Everything else that is a bare name is a symbol.
+CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E}
+
+# Names SymPy users might expect, but that make no sense for real tensors: rejected with
+# a reason rather than silently becoming a symbol.
+REJECTED_NAMES: dict[str, str] = {
+    "I": "the imaginary unit I is not supported: symgrad works over the real numbers",
+    "oo": "infinity (oo) is not supported: expressions must be finite",
+    "zoo": "complex infinity (zoo) is not supported: expressions must be finite",
+    "nan": "nan is not supported: expressions must be finite",
+    "inf": "inf is not supported: expressions must be finite",
+}

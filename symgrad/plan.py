@@ -1,0 +1,517 @@
+"""Stage 3: common subexpressions, what backward saves, and every name in the code.
+
+Everything the templates print is decided here; they only loop over the lines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import textwrap
+from dataclasses import dataclass
+
+import sympy
+
+from .derive import Derivation, op_count
+from .naming import RESERVED, Namer, check_class_name
+from .printer import print_torch
+
+INDENT = "    "
+# Functions whose arguments must be tensors: a param passed as a Python number is
+# converted once, with the inputs' dtype and device, before any of them sees it.
+_TENSOR_CONTEXTS = (sympy.Function, sympy.Piecewise, sympy.Min, sympy.Max, sympy.core.relational.Relational)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One generated staticmethod: its parameters, body lines and return expression."""
+
+    params: tuple[str, ...]
+    lines: tuple[str, ...]
+    returns: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stage-3 result: everything a template prints, as strings."""
+
+    class_name: str
+    no_jvp_class: str
+    alias: str
+    public_params: tuple[str, ...]
+    call_args: tuple[str, ...]
+    docstring: str
+    saved_comment: tuple[str, ...]
+    forward: Method
+    setup_context: Method
+    backward: Method
+    jvp: Method
+    setup_forward_ad: tuple[str, ...]
+    metadata: str
+    inplace: bool
+    once_differentiable: bool
+    surrogate: bool
+
+
+@dataclass(frozen=True)
+class _Names:
+    symbols: dict[sympy.Symbol, str]  # inputs, params, results, temporaries
+    public: dict[sympy.Symbol, str]
+    results: tuple[sympy.Symbol, ...]
+    grad_outputs: tuple[str, ...]
+    grads: tuple[str, ...]
+    tangents: tuple[str, ...]
+    temporaries: "object"
+    namer: Namer
+
+
+def make_plan(derivation: Derivation) -> Plan:
+    """Decide names, CSE temporaries and saved tensors for a derivation."""
+    parsed = derivation.parsed
+    alias = check_class_name(parsed.spec.name)
+    names = _assign_names(derivation, alias)
+    rows = _choose_saved_forms(derivation, names)
+    return _Builder(derivation, names, rows, alias).build()
+
+
+def _assign_names(derivation: Derivation, alias: str) -> _Names:
+    parsed = derivation.parsed
+    spec = parsed.spec
+    n_out = len(parsed.outputs)
+    module_level = {spec.name, f"_{spec.name}NoJvp", alias, "torch"}
+    # Builtins the generated bodies call, which a user symbol must not shadow.
+    builtins_used = {"isinstance", "getattr"}
+    # User symbols first avoid every name the generated code uses for itself ...
+    user_namer = Namer(RESERVED | module_level | builtins_used)
+    internal = {s: user_namer.claim(s.name) for s in parsed.inputs + parsed.params}
+    # ... then symgrad's own names avoid the users' (a user may call a symbol ``t0``).
+    namer = Namer(set(internal.values()) | module_level | builtins_used)
+    # The public signature keeps the user's names; only ``torch`` (which the alias body
+    # calls) and the module-level names must differ.
+    public_namer = Namer(module_level)
+    public = {s: public_namer.claim(s.name) for s in parsed.inputs + parsed.params}
+    results = tuple(sympy.Dummy(f"result{i}") for i in range(n_out))
+    result_names = ["result"] if n_out == 1 else [f"result{i}" for i in range(n_out)]
+    symbols = dict(internal)
+    symbols.update({r: namer.claim(n) for r, n in zip(results, result_names)})
+    grad_outputs = tuple(namer.claim("grad_output" if n_out == 1 else f"grad_output{i}") for i in range(n_out))
+    grads = tuple(namer.claim(f"grad_{internal[s]}") for s in parsed.inputs)
+    tangents = tuple(namer.claim(f"{internal[s]}_tangent") for s in parsed.inputs + parsed.params)
+    return _Names(symbols, public, results, grad_outputs, grads, tangents, namer.numbered("t"), namer)
+
+
+def _choose_saved_forms(derivation: Derivation, names: _Names) -> tuple[tuple[sympy.Expr, ...], ...]:
+    """Per output, the gradient row to print: in terms of inputs, or of the output.
+
+    Like PyTorch's ``exp: grad * result``, a row may be rewritten in terms of its own
+    output when that is exact (a structural substitution) and cheaper. The choice that
+    saves the fewest tensors, then costs the fewest operations, wins.
+    """
+    parsed = derivation.parsed
+    options = []
+    for index, (out, row) in enumerate(zip(parsed.outputs, derivation.gradients)):
+        choices = [row]
+        forward = derivation.forward[index]
+        if out.reduction is None and not forward.is_Symbol:
+            substituted = tuple(g.subs(forward, names.results[index]) for g in row)
+            if substituted != row:
+                choices.append(substituted)
+        options.append(choices)
+    tensors = set(parsed.inputs) | set(names.results)
+    # In place, saving the overwritten input means saving a copy of it, which also
+    # loses double backward: avoid that first.
+    overwritten = set(parsed.inputs[:1]) if parsed.spec.inplace else set()
+
+    def cost(rows: tuple[tuple[sympy.Expr, ...], ...]) -> tuple[int, int, int]:
+        used = set().union(*(g.free_symbols for row in rows for g in row)) & tensors
+        return len(used & overwritten), len(used), sum(op_count(g) for row in rows for g in row)
+
+    return min(itertools.product(*options), key=cost)
+
+
+class _Builder:
+    def __init__(self, derivation: Derivation, names: _Names, rows, alias: str) -> None:
+        self.d = derivation
+        self.p = derivation.parsed
+        self.names = names
+        self.rows = rows
+        self.alias = alias
+        self.inputs = self.p.inputs
+        self.params = self.p.params
+        self.outputs = self.p.outputs
+        self.n_out = len(self.outputs)
+        self.live = [not nd for nd in derivation.nondifferentiable]
+        # Shapes are needed to un-broadcast gradients only when tensors can broadcast.
+        self.broadcasts = len(self.inputs) + len(self.params) > 1
+
+    # -- helpers ----------------------------------------------------------------------
+    def name(self, symbol: sympy.Symbol) -> str:
+        return self.names.symbols[symbol]
+
+    def code(self, expr: sympy.Expr) -> str:
+        return print_torch(expr, self.names.symbols)
+
+    def cse(self, exprs: list[sympy.Expr]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], list[sympy.Expr]]:
+        exprs = [sympy.nfloat(e, n=17, exponent=False) for e in exprs]
+        temps, reduced = sympy.cse(exprs, symbols=_SymbolStream(self.names), order="canonical")
+        return temps, reduced
+
+    def tensorize(self, exprs: list[sympy.Expr], reference: str) -> list[str]:
+        """Lines converting number params to tensors where a torch function needs one."""
+        lines = []
+        for param in self.params:
+            if any(
+                param in node.free_symbols
+                for expr in exprs
+                for node in sympy.preorder_traversal(expr)
+                if isinstance(node, _TENSOR_CONTEXTS)
+            ):
+                name = self.name(param)
+                lines.append(f"{name} = torch.as_tensor({name}, dtype={reference}.dtype, device={reference}.device)")
+        return lines
+
+    def saved(self) -> list[sympy.Symbol]:
+        used = set().union(*(g.free_symbols for row in self.live_rows() for g in row))
+        order = list(self.inputs) + list(self.names.results)
+        return [s for s in order if s in used]
+
+    def saved_params(self) -> list[sympy.Symbol]:
+        used = set().union(*(g.free_symbols for row in self.live_rows() for g in row))
+        return [s for s in self.params if s in used]
+
+    def live_rows(self):
+        return [row for row, live in zip(self.rows, self.live) if live]
+
+    # -- the methods ------------------------------------------------------------------
+    def build(self) -> Plan:
+        inplace = self.p.spec.inplace
+        saved = self.saved()
+        once = inplace and any(s in self.inputs for s in saved)
+        return Plan(
+            class_name=self.p.spec.name,
+            no_jvp_class=f"_{self.p.spec.name}NoJvp",
+            alias=self.alias,
+            public_params=tuple(self.names.public[s] for s in self.inputs + self.params),
+            call_args=tuple(self.names.public[s] for s in self.inputs + self.params),
+            docstring=self.docstring(saved),
+            saved_comment=self.saved_comment(saved, once),
+            forward=self.forward(),
+            setup_context=self.setup_context(saved),
+            backward=self.backward(saved),
+            jvp=self.jvp(saved),
+            setup_forward_ad=self.setup_forward_ad(saved),
+            metadata=self.metadata(),
+            inplace=inplace,
+            once_differentiable=once,
+            surrogate=any(self.d.surrogate),
+        )
+
+    def forward(self) -> Method:
+        exprs = list(self.d.forward)
+        temps, reduced = self.cse(exprs)
+        reference = self.name(self.inputs[0])
+        lines = self.tensorize(exprs, reference)
+        lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
+        values = []
+        for out, expr in zip(self.outputs, reduced):
+            text = self.code(expr)
+            if expr.is_Symbol and expr in self.inputs:
+                text = f"{text}.clone()"  # never return an input as-is
+            if out.reduction is not None:
+                text = f"({text}).{out.reduction}()"
+            values.append(text)
+        if self.p.spec.inplace:
+            return self.inplace_forward(lines, values[0])
+        return Method(self.forward_params(), tuple(lines), ", ".join(values))
+
+    def inplace_forward(self, lines: list[str], value: str) -> Method:
+        target = self.name(self.inputs[0])
+        result = self.name(self.names.results[0])
+        saved = self.saved()
+        lines.append(f"{result} = {value}")
+        lines += self.shape_lines()
+        save_names = []
+        for symbol in saved:
+            if symbol == self.inputs[0]:
+                before = self.names.namer.claim(f"{target}_before")
+                lines.append(f"{before} = {target}.clone()")
+                save_names.append(before)
+            else:
+                save_names.append(target if symbol in self.names.results else self.name(symbol))
+        param_lines, tensors = self.save_parts("save_for_backward", save_names)
+        lines += param_lines
+        lines.append(f"{target}.copy_({result})")
+        lines.append(f"ctx.mark_dirty({target})")
+        if tensors:
+            lines.append(f"ctx.save_for_backward({', '.join(tensors)})")
+        return Method(self.forward_params(), tuple(lines), target)
+
+    def forward_params(self) -> tuple[str, ...]:
+        return tuple(self.name(s) for s in self.inputs + self.params)
+
+    def setup_context(self, saved: list[sympy.Symbol]) -> Method:
+        lines = []
+        args = self.forward_params()
+        lines.append(f"{_unpack(args)} = inputs")
+        results = [self.name(r) for r in self.names.results]
+        if any(r in saved for r in self.names.results) or not all(self.live) or self.needs_output_shapes():
+            lines.append(f"{_unpack(results)} = output" if self.n_out > 1 else f"{results[0]} = output")
+        dead = [results[i] for i, live in enumerate(self.live) if not live]
+        if dead:
+            lines.append("# Piecewise constant in every input: the derivative is zero almost everywhere.")
+            lines.append(f"ctx.mark_non_differentiable({', '.join(dead)})")
+        lines += self.shape_lines()
+        lines += self.save_lines("save_for_backward", saved)
+        return Method(("ctx", "inputs", "output"), tuple(lines), "")
+
+    def needs_output_shapes(self) -> bool:
+        return self.broadcasts or any(o.reduction for o in self.outputs)
+
+    def shape_lines(self) -> list[str]:
+        lines = []
+        if self.broadcasts:
+            for symbol in self.inputs:
+                lines.append(f"ctx.{self.name(symbol)}_shape = {self.name(symbol)}.shape")
+        for index, out in enumerate(self.outputs):
+            if not self.live[index]:
+                continue
+            result = self.name(self.names.results[index])
+            if out.reduction is not None:
+                tensors = sorted(out.expr.free_symbols, key=lambda s: (self.inputs + self.params).index(s))
+                shapes = ", ".join(
+                    f"{self.name(s)}.shape" if s in self.inputs else f"getattr({self.name(s)}, 'shape', ())"
+                    for s in tensors
+                )
+                lines.append(f"ctx.{result}_shape = torch.broadcast_shapes({shapes})")
+            elif self.broadcasts:
+                lines.append(f"ctx.{result}_shape = {result}.shape")
+        return lines
+
+    def save_parts(self, method: str, saved_names: list[str]) -> tuple[list[str], list[str]]:
+        """Lines that stash number params on ctx, and the tensors ``method`` saves."""
+        lines, tensors = [], list(saved_names)
+        for param in self.saved_params():
+            name = self.name(param)
+            if method == "save_for_backward":
+                lines.append(f"ctx.{name}_number = None if isinstance({name}, torch.Tensor) else {name}")
+            tensors.append(f"{name} if ctx.{name}_number is None else None")
+        return lines, tensors
+
+    def save_lines(self, method: str, saved: list[sympy.Symbol]) -> list[str]:
+        lines, tensors = self.save_parts(method, [self.name(s) for s in saved])
+        if tensors:
+            lines.append(f"ctx.{method}({', '.join(tensors)})")
+        return lines
+
+    def unpack_saved(self, saved: list[sympy.Symbol]) -> list[str]:
+        names = [self.name(s) for s in saved] + [self.name(p) for p in self.saved_params()]
+        if not names:
+            return []
+        lines = [f"{_unpack(names)} = ctx.saved_tensors"]
+        for param in self.saved_params():
+            name = self.name(param)
+            lines.append(f"if {name} is None:")
+            lines.append(f"{INDENT}{name} = ctx.{name}_number")
+        return lines
+
+    def backward(self, saved: list[sympy.Symbol]) -> Method:
+        lines = self.unpack_saved(saved)
+        # All gradients share one CSE, so work common to several inputs is done once.
+        entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
+        exprs = [self.rows[i][j] for i, j in entries]
+        temps, reduced = self.cse(exprs)
+        reference = self.names.grad_outputs[0] if self.live[0] else self.names.grad_outputs[self.live.index(True)]
+        lines += self.tensorize(exprs, reference)
+        users = _temp_users(temps, reduced, [j for _, j in entries])
+        shared = [(t, e) for t, e in temps if len(users[t]) > 1]
+        lines += [f"{self.name(t)} = {self.code(e)}" for t, e in shared]
+        grads = []
+        for j, symbol in enumerate(self.inputs):
+            grad = self.names.grads[j]
+            terms = [
+                self.backward_term(i, expr)
+                for (i, jj), expr in zip(entries, reduced)
+                if jj == j
+            ]
+            lines.append(f"{grad} = None")
+            grads.append(grad)
+            if not terms:
+                continue
+            lines.append(f"if ctx.needs_input_grad[{j}]:")
+            own = [(t, e) for t, e in temps if users[t] == {j}]
+            lines += [f"{INDENT}{self.name(t)} = {self.code(e)}" for t, e in own]
+            total = " + ".join(terms)
+            if self.broadcasts:
+                total = f"({total}).sum_to_size(ctx.{self.name(symbol)}_shape)"
+            lines.append(f"{INDENT}{grad} = {total}")
+        grads += ["None"] * len(self.params)
+        return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
+
+    def backward_term(self, output: int, expr: sympy.Expr) -> str:
+        grad_output = self.names.grad_outputs[output]
+        text = grad_output if expr == 1 else f"{grad_output} * {self.code(expr)}"
+        if expr != 1 and isinstance(expr, sympy.Add):
+            text = f"{grad_output} * ({self.code(expr)})"
+        reduction = self.outputs[output].reduction
+        if reduction is not None:
+            shape = f"ctx.{self.name(self.names.results[output])}_shape"
+            text = f"({text}).expand({shape})"
+            if reduction == "mean":
+                text = f"{text} / {shape}.numel()"
+        return text
+
+    def setup_forward_ad(self, saved: list[sympy.Symbol]) -> tuple[str, ...]:
+        lines = self.save_lines("save_for_forward", saved)
+        if not lines:
+            return ()
+        unpack = [f"{_unpack(self.forward_params())} = inputs"]
+        results = [self.name(r) for r in self.names.results]
+        if any(r in saved for r in self.names.results):
+            unpack.append(f"{_unpack(results)} = output" if self.n_out > 1 else f"{results[0]} = output")
+        return tuple(unpack + lines)
+
+    def jvp(self, saved: list[sympy.Symbol]) -> Method:
+        lines = self.unpack_saved(saved)
+        entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
+        exprs = [self.rows[i][j] for i, j in entries]
+        temps, reduced = self.cse(exprs)
+        lines += self.tensorize(exprs, self.name(self.inputs[0]) if self.inputs[0] in saved else self.names.tangents[0])
+        lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
+        returns = []
+        single = len(self.inputs) == 1 and not self.params
+        for i, out in enumerate(self.outputs):
+            result = self.name(self.names.results[i])
+            tangent = self.names.namer.claim(f"{result}_tangent")
+            if not self.live[i]:
+                returns.append("None")
+                continue
+            terms = [
+                (j, self.jvp_term(j, expr))
+                for (ii, j), expr in zip(entries, reduced)
+                if ii == i
+            ]
+            if single:
+                value = terms[0][1]
+                if out.reduction is not None:
+                    value = f"({value}).expand(ctx.{result}_shape).{out.reduction}()"
+                lines.append(f"{tangent} = {value}")
+            else:
+                lines.append(f"{tangent} = 0")
+                for j, term in terms:
+                    lines.append(f"if {self.names.tangents[j]} is not None:")
+                    lines.append(f"{INDENT}{tangent} = {tangent} + {term}")
+                # The engine does not broadcast tangents: each must have its output's shape.
+                if out.reduction is not None:
+                    lines.append(f"{tangent} = torch.as_tensor({tangent}).expand(ctx.{result}_shape).{out.reduction}()")
+                else:
+                    lines.append(f"{tangent} = torch.as_tensor({tangent}).expand(ctx.{result}_shape)")
+            returns.append(tangent)
+        return Method(("ctx",) + self.names.tangents, tuple(lines), ", ".join(returns))
+
+    def jvp_term(self, j: int, expr: sympy.Expr) -> str:
+        tangent = self.names.tangents[j]
+        if expr == 1:
+            return tangent
+        if isinstance(expr, sympy.Add):
+            return f"{tangent} * ({self.code(expr)})"
+        return f"{tangent} * {self.code(expr)}"
+
+    # -- documentation ----------------------------------------------------------------
+    def docstring(self, saved: list[sympy.Symbol]) -> str:
+        math_names = {s: s.name for s in self.inputs + self.params}
+        math_names.update({r: self.name(r) for r in self.names.results})
+        out_names = ["f"] if self.n_out == 1 else [f"f{i}" for i in range(self.n_out)]
+        args = ", ".join(s.name for s in self.inputs + self.params)
+        lines = []
+        for name, out in zip(out_names, self.outputs):
+            body = sympy.sstr(out.expr)
+            if out.reduction:
+                body = f"{out.reduction}({body})"
+            lines.append(f"{name}({args}) = {body}")
+        lines.append("")
+        for i, name in enumerate(out_names):
+            if not self.live[i]:
+                lines.append(f"{name} is piecewise constant: its gradient is zero almost everywhere.")
+                continue
+            for j, symbol in enumerate(self.inputs):
+                gradient = sympy.sstr(self.d.gradients[i][j])
+                marker = "  (surrogate: not the true derivative)" if self.d.surrogate[j] else ""
+                inner = "the elementwise part of " if self.outputs[i].reduction else ""
+                lines.append(f"d{name}/d{symbol.name} = {gradient}{marker}" if not inner else f"d({inner}{name})/d{symbol.name} = {gradient}")
+        return "\n".join(lines)
+
+    def saved_comment(self, saved: list[sympy.Symbol], once: bool) -> tuple[str, ...]:
+        if not saved and not self.saved_params():
+            return ("Nothing is saved for backward: every gradient is constant.",)
+        parts = []
+        for symbol in saved:
+            if symbol in self.names.results:
+                parts.append(f"{self.name(symbol)} (the output: the gradient is written in terms of it, so backward recomputes nothing)")
+            elif once:
+                parts.append(f"{self.name(symbol)} (a copy of the input from before it is overwritten)")
+            else:
+                parts.append(f"{self.name(symbol)} (the gradient depends on it)")
+        parts += [f"{self.name(p)} (a param the gradient uses)" for p in self.saved_params()]
+        n_tensors = len(saved)
+        text = (
+            "Saved for backward: " + "; ".join(parts) + "."
+            f" That is {n_tensors} tensor{'s' if n_tensors != 1 else ''} of at most the output's size"
+            f" ({4 * n_tensors} bytes per element in float32)."
+        )
+        if once:
+            text += " The copy is not part of the graph, so double backward is refused."
+        else:
+            text += " No forward intermediate is saved, so double backward stays exact."
+        return tuple(textwrap.wrap(text, width=86))
+
+    def metadata(self) -> str:
+        domain = {s.name: (lo, hi) for s, lo, hi in self.d.domain}
+        params = {p.name: round(domain[p.name][0] + 0.618 * (domain[p.name][1] - domain[p.name][0]), 3) for p in self.params}
+        data = {
+            "expr": self.p.spec.expr,
+            "function": self.p.spec.name,
+            "alias": self.alias,
+            "inputs": [s.name for s in self.inputs],
+            "params": params,
+            "domain": domain,
+            "outputs": [out.reduction or "elementwise" for out in self.outputs],
+            "nondifferentiable": [i for i, live in enumerate(self.live) if not live],
+            "surrogate": {s.name: text for s, text in zip([s for s, _ in self.p.surrogates], [t for _, t in self.p.spec.grads])},
+            "inplace": self.p.spec.inplace,
+            "saved": [self.name(s) for s in self.saved()],
+        }
+        return repr(data)
+
+
+class _SymbolStream:
+    """CSE temporaries named t0, t1, ... that never collide with any other name."""
+
+    def __init__(self, names: _Names) -> None:
+        self._names = names
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> sympy.Symbol:
+        name = next(self._names.temporaries)
+        symbol = sympy.Symbol(f"_cse_{name}", real=True)
+        self._names.symbols[symbol] = name
+        return symbol
+
+
+def _temp_users(temps, reduced, groups: list[int]) -> dict[sympy.Symbol, set[int]]:
+    """For each temporary, the set of groups (input indices) whose expressions use it."""
+    users: dict[sympy.Symbol, set[int]] = {t: set() for t, _ in temps}
+    for expr, group in zip(reduced, groups):
+        for symbol in expr.free_symbols:
+            if symbol in users:
+                users[symbol].add(group)
+    # A temporary used by another temporary inherits that one's users (reverse order).
+    for temp, expr in reversed(temps):
+        for symbol in expr.free_symbols:
+            if symbol in users:
+                users[symbol] |= users[temp]
+    return users
+
+
+def _unpack(names: list[str] | tuple[str, ...]) -> str:
+    return f"({names[0]},)" if len(names) == 1 else ", ".join(names)

@@ -1,0 +1,76 @@
+"""Stage 4: Jinja2 fills a template from the plan; black formats the result."""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from pathlib import Path
+
+import black
+import jinja2
+
+from .errors import SymgradError
+from .plan import Plan
+
+FUNCTION_TEMPLATE = "function.py.jinja"
+INPLACE_TEMPLATE = "inplace.py.jinja"
+# Black's defaults, pinned here so that output does not follow a user's black config.
+BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
+
+
+def builtin_template_dir() -> Path:
+    """The templates shipped with symgrad.
+
+    The top-level ``templates/`` folder is mapped into the wheel as ``symgrad/templates``;
+    in a source checkout (and an editable install) it sits beside the package.
+    """
+    package = Path(str(resources.files("symgrad")))
+    for candidate in (package / "templates", package.parent / "templates"):
+        if (candidate / FUNCTION_TEMPLATE).is_file():
+            return candidate
+    raise SymgradError(f"symgrad's templates are missing (looked in {package / 'templates'})")
+
+
+def template_dir(override: str | None) -> Path:
+    """The directory to load templates from: ``--templates`` if given, else the built-in one."""
+    if override is None:
+        return builtin_template_dir()
+    path = Path(override)
+    if not path.is_dir():
+        raise SymgradError(f"--templates {override!r} is not a directory")
+    return path
+
+
+def template_name(plan: Plan) -> str:
+    return INPLACE_TEMPLATE if plan.inplace else FUNCTION_TEMPLATE
+
+
+def template_fingerprint(directory: Path) -> str:
+    """A short hash of every template in ``directory``: changes when any template does."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.glob("*.jinja")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def render(plan: Plan, directory: Path) -> str:
+    """The module body for ``plan``, formatted by black (no header)."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(directory)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    name = template_name(plan)
+    try:
+        source = environment.get_template(name).render(plan=plan)
+    except jinja2.TemplateNotFound:
+        raise SymgradError(f"template {name!r} not found in {directory}") from None
+    except jinja2.TemplateError as exc:
+        raise SymgradError(f"template {name!r} failed: {exc}") from None
+    try:
+        return black.format_str(source, mode=BLACK_MODE)
+    except black.InvalidInput as exc:
+        raise SymgradError(f"template {name!r} produced invalid Python: {str(exc).splitlines()[0]}") from None

@@ -1,0 +1,199 @@
+"""The one generic test: every contract, for every module in generated/.
+
+There is no per-file test code: each check reads what it needs from the module's
+``__symgrad__`` metadata and skips only where the contract does not apply (e.g. forward
+AD for an in-place Function), saying why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+
+from reference import evaluate, parse_reference
+
+# Shapes that exercise broadcasting: the first input is full, later ones broadcast into it.
+SHAPES = [(3, 4), (4,), (3, 1), (1, 4)]
+
+
+def sample(module, dtype=torch.float64, seed=0, requires_grad=True, tensor_params=False):
+    """Inputs drawn from each symbol's domain, then the params' sample values."""
+    meta = module.__symgrad__
+    generator = torch.Generator().manual_seed(seed)
+    args = []
+    for index, name in enumerate(meta["inputs"]):
+        low, high = meta["domain"][name]
+        shape = SHAPES[0] if meta["inplace"] else SHAPES[index % len(SHAPES)]
+        value = low + (high - low) * torch.rand(shape, generator=generator, dtype=torch.float64)
+        args.append(value.to(dtype).requires_grad_(requires_grad))
+    for name, value in meta["params"].items():
+        args.append(torch.tensor(value, dtype=dtype) if tensor_params else value)
+    return args
+
+
+def functional(module):
+    alias = getattr(module, module.__symgrad__["alias"])
+    if module.__symgrad__["inplace"]:
+        # In place on a non-leaf copy, so that gradcheck's leaves stay intact.
+        return lambda first, *rest: alias(first.clone(), *rest)
+    return alias
+
+
+def differentiable_part(module):
+    """The function restricted to its differentiable outputs.
+
+    gradcheck's forward-mode comparison misreads outputs marked non-differentiable
+    (their Jacobian columns are compared against the wrong output), so those outputs are
+    checked separately, by test_nondifferentiable_outputs_are_marked.
+    """
+    fn = functional(module)
+    dead = module.__symgrad__["nondifferentiable"]
+    if not dead:
+        return fn
+    return lambda *args: tuple(o for k, o in enumerate(as_tuple(fn(*args))) if k not in dead)
+
+
+def as_tuple(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
+def test_forward_matches_independent_evaluation(module):
+    meta = module.__symgrad__
+    args = sample(module, requires_grad=False)
+    names = meta["inputs"] + list(meta["params"])
+    values = {name: np.asarray(a.detach().numpy() if torch.is_tensor(a) else a) for name, a in zip(names, args)}
+    expected = evaluate(meta["expr"], values)
+    actual = as_tuple(functional(module)(*args))
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck(module):
+    meta = module.__symgrad__
+    if meta["surrogate"]:
+        pytest.skip("a surrogate gradient is not the derivative: test_surrogate_gradient checks it")
+    inplace = meta["inplace"]
+    assert gradcheck(
+        differentiable_part(module),
+        sample(module),
+        check_forward_ad=not inplace,
+        check_batched_grad=not inplace,
+        check_batched_forward_grad=not inplace,
+    )
+
+
+def test_gradgradcheck(module):
+    meta = module.__symgrad__
+    if meta["surrogate"]:
+        pytest.skip("a surrogate gradient is not the derivative")
+    source = open(module.__file__).read()
+    if "double backward (create_graph=True) is not supported" in source:
+        # Double backward is refused loudly, never silently wrong.
+        with pytest.raises(RuntimeError, match="double backward"):
+            gradgradcheck(functional(module), sample(module))
+        return
+    assert gradgradcheck(differentiable_part(module), sample(module), check_fwd_over_rev=not meta["inplace"])
+
+
+def test_surrogate_gradient(module):
+    meta = module.__symgrad__
+    if not meta["surrogate"]:
+        pytest.skip("no surrogate gradient")
+    args = sample(module)
+    names = meta["inputs"] + list(meta["params"])
+    output = functional(module)(*args)
+    upstream = torch.linspace(0.5, 1.5, output.numel(), dtype=output.dtype).reshape(output.shape)
+    grads = torch.autograd.grad(output, [a for a in args if torch.is_tensor(a) and a.requires_grad], upstream)
+    values = {n: np.asarray(a.detach().numpy() if torch.is_tensor(a) else a) for n, a in zip(names, args)}
+    for name, grad in zip(meta["inputs"], grads):
+        if name in meta["surrogate"]:
+            (declared,) = evaluate(meta["surrogate"][name], values) if parse_reference(meta["surrogate"][name], sorted(values))[0].free_symbols else [np.full(output.shape, float(meta["surrogate"][name]))]
+            expected = np.broadcast_to(declared * upstream.numpy(), output.shape)
+            np.testing.assert_allclose(grad.numpy(), expected.reshape(grad.shape) if expected.shape == grad.shape else expected, rtol=1e-10)
+
+
+def test_tensor_params(module):
+    meta = module.__symgrad__
+    if not meta["params"]:
+        pytest.skip("no params")
+    as_numbers = as_tuple(functional(module)(*sample(module)))
+    as_tensors = as_tuple(functional(module)(*sample(module, tensor_params=True)))
+    for a, b in zip(as_numbers, as_tensors):
+        torch.testing.assert_close(a, b)
+    assert gradcheck(differentiable_part(module), sample(module, tensor_params=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_dtype_is_kept(module, dtype):
+    args = sample(module, dtype=dtype)
+    outputs = as_tuple(functional(module)(*args))
+    for output in outputs:
+        assert output.dtype == dtype
+    live = [o for o in outputs if o.requires_grad]
+    differentiable = [a for a in args if torch.is_tensor(a) and a.requires_grad]
+    grads = torch.autograd.grad([o.sum() for o in live], differentiable, allow_unused=True)
+    for arg, grad in zip(differentiable, grads):
+        if grad is not None:
+            assert grad.dtype == dtype and grad.shape == arg.shape
+
+
+def test_nondifferentiable_outputs_are_marked(module):
+    meta = module.__symgrad__
+    outputs = as_tuple(functional(module)(*sample(module)))
+    for index, output in enumerate(outputs):
+        assert output.requires_grad == (index not in meta["nondifferentiable"])
+
+
+def _not_inplace(module):
+    if module.__symgrad__["inplace"]:
+        pytest.skip("torch.func transforms do not support in-place (mark_dirty) Functions")
+
+
+def test_vmap_matches_loop(module):
+    _not_inplace(module)
+    args = sample(module, requires_grad=False)
+    n_inputs = len(module.__symgrad__["inputs"])
+    batched = [torch.stack([a * (1 + 0.01 * k) for k in range(3)]) for a in args[:n_inputs]]
+    fn = functional(module)
+    in_dims = (0,) * n_inputs + (None,) * (len(args) - n_inputs)
+    got = as_tuple(torch.func.vmap(fn, in_dims=in_dims)(*batched, *args[n_inputs:]))
+    for k in range(3):
+        want = as_tuple(fn(*[b[k] for b in batched], *args[n_inputs:]))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g[k], w)
+
+
+def test_jacfwd_equals_jacrev(module):
+    _not_inplace(module)
+    meta = module.__symgrad__
+    if meta["surrogate"]:
+        pytest.skip("a surrogate defines only the backward and jvp it declares")
+    args = sample(module, requires_grad=False)
+    n_inputs = len(meta["inputs"])
+    argnums = tuple(range(n_inputs))
+    fn = functional(module)
+    forward = torch.func.jacfwd(fn, argnums=argnums)(*args)
+    reverse = torch.func.jacrev(fn, argnums=argnums)(*args)
+    torch.testing.assert_close(forward, reverse)
+
+
+def test_compile_matches_eager(module):
+    _not_inplace(module)
+    torch._dynamo.reset()
+    fn = functional(module)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    eager_args = sample(module)
+    compiled_args = sample(module)
+    eager = as_tuple(fn(*eager_args))
+    got = as_tuple(compiled(*compiled_args))
+    for g, e in zip(got, eager):
+        torch.testing.assert_close(g, e)
+    live = [k for k, e in enumerate(eager) if e.requires_grad]
+    sum(eager[k].sum() for k in live).backward()
+    sum(got[k].sum() for k in live).backward()
+    for e, c in zip(eager_args, compiled_args):
+        if torch.is_tensor(e) and e.requires_grad:
+            torch.testing.assert_close(c.grad, e.grad)
