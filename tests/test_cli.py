@@ -1,0 +1,164 @@
+"""The command line and the Python API: success paths and every error path.
+
+Error contract: exit code 2, exactly one line `symgrad: error: ...` on stderr (a syntax
+error adds the expression and a caret below it), and nothing written or changed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import symgrad
+from symgrad import SymgradError, generate_source
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "symgrad", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_generate_writes_module_and_package(tmp_path):
+    result = run("sqrt(x)+1/x", "--name", "SqrtInverse", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(Path("generated") / "sqrt_inverse.py")
+    assert (tmp_path / "generated" / "__init__.py").is_file()
+    source = (tmp_path / "generated" / "sqrt_inverse.py").read_text()
+    assert "class SqrtInverse(" in source and "def sqrt_inverse(x):" in source
+    # Generated modules import only torch.
+    imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert imports == ["import torch"]
+
+
+def test_generated_module_runs_like_the_readme(tmp_path):
+    assert run("sqrt(x)+1/x", "--name", "SqrtInverse", cwd=tmp_path).returncode == 0
+    code = "import torch; from generated.sqrt_inverse import SqrtInverse; print(SqrtInverse.apply(torch.tensor([4.0])))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "2.2500" in result.stdout  # sqrt(4) + 1/4
+
+
+def test_out_and_stdout(tmp_path):
+    result = run("x**2", "--name", "Square", "--out", "custom/dir", cwd=tmp_path)
+    assert result.returncode == 0 and (tmp_path / "custom" / "dir" / "square.py").is_file()
+    printed = run("x**2", "--name", "Square", "--stdout", cwd=tmp_path)
+    assert printed.returncode == 0
+    assert printed.stdout == (tmp_path / "custom" / "dir" / "square.py").read_text()
+    assert not (tmp_path / "generated").exists()
+
+
+def test_api_matches_cli(tmp_path):
+    run("x*y + p", "--name", "Affine", "--params", "p", cwd=tmp_path)
+    assert generate_source("x*y + p", "Affine", params=["p"]) == (tmp_path / "generated" / "affine.py").read_text()
+
+
+def test_inputs_order_and_params():
+    source = generate_source("a*b + c", "Order", inputs=["b", "a"], params=["c"])
+    assert "def order(b, a, c):" in source
+
+
+def test_user_symbols_named_like_generated_code():
+    names = ["ctx", "grad_output", "result", "self", "input", "t0", "x0", "len", "isinstance", "sum"]
+    source = generate_source("+".join(f"{n}**2" for n in names) + "+torch", "Collide")
+    # The public signature keeps every user name Python allows; only `torch` is renamed.
+    signature = next(line for line in source.splitlines() if line.startswith("def collide("))
+    for name in names:
+        assert f"{name}," in signature or f"{name})" in signature
+    assert "torch_" in signature
+    namespace: dict = {}
+    exec(compile(source, "collide.py", "exec"), namespace)
+    import torch
+
+    args = [torch.tensor([1.5], dtype=torch.float64, requires_grad=True) for _ in range(len(names) + 1)]
+    assert torch.autograd.gradcheck(namespace["collide"], args)
+
+
+def test_symgrad_error_is_value_error():
+    assert issubclass(SymgradError, ValueError)
+    with pytest.raises(SymgradError, match="unknown function 'sqr'; did you mean sqrt"):
+        generate_source("sqr(x)", "Bad")
+
+
+def test_unknown_api_option():
+    with pytest.raises(SymgradError, match="unknown option 'colour'"):
+        generate_source("x", "Bad", colour=True)
+
+
+ERROR_CASES = [
+    (["sqr(x)", "--name", "Bad"], "unknown function 'sqr'"),
+    (["x +* 2", "--name", "Bad"], "invalid syntax"),
+    (["__import__('os').system('echo hacked')", "--name", "Bad"], "only calls of supported functions"),
+    (["x.real", "--name", "Bad"], "attribute access"),
+    (["x*y", "--name", "Bad", "--inputs", "x"], "neither an input nor a param"),
+    (["x*y", "--name", "Bad", "--inputs", "x,z"], "does not use"),
+    (["x*y", "--name", "Bad", "--inputs", "x,y", "--params", "y"], "both --inputs and --params"),
+    (["x*y", "--name", "Bad", "--inputs", "x,,y"], "comma-separated"),
+    (["x", "--name", "A;import os"], "not a valid class name"),
+    (["x", "--name", "class"], "not a valid class name"),
+    (["x", "--name", "square"], "upper-case letter"),
+    (["x", "--name", "Import"], "cannot import"),
+    (["x**2", "--name", "Sq", "--domain", "x=1"], "NAME=LOW:HIGH"),
+    (["x**2", "--name", "Sq", "--domain", "x=3:1"], "LOW < HIGH"),
+    (["x**2", "--name", "Sq", "--domain", "z=0:1"], "not an input or param"),
+    (["x**2", "--name", "Sq", "--grad", "x"], "NAME=EXPR"),
+    (["x**2", "--name", "Sq", "--grad", "z=1"], "not a differentiable input"),
+    (["x*y, x+y", "--name", "Sq", "--grad", "x=1"], "single elementwise output"),
+    (["x*y, x+y", "--name", "Sq", "--inplace"], "single elementwise output"),
+    (["floor(x)", "--name", "Floor"], "piecewise constant"),
+    (["p*2", "--name", "OnlyParam", "--params", "p"], "no differentiable input"),
+    (["x - x + 1", "--name", "Constant"], "no differentiable input"),
+    (["x*y - x*y + y, x - x", "--name", "Constant", "--inputs", "x,y"], "output 2 does not depend on any input"),
+    (["log(x)", "--name", "Log", "--templates", "/nonexistent"], "not a directory"),
+    (["x", "--name", "Typo", "--colour"], "unrecognized arguments"),
+    (["x"], "--name"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", ERROR_CASES, ids=[" ".join(a) for a, _ in ERROR_CASES])
+def test_error_path(tmp_path, args, fragment):
+    (tmp_path / "generated").mkdir()
+    (tmp_path / "generated" / "keep.py").write_text("# a user's own file\n")
+    before = snapshot(tmp_path)
+    result = run(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("symgrad: error: ") and fragment in lines[0], result.stderr
+    if "invalid syntax" in lines[0]:
+        assert len(lines) == 3 and lines[2].strip() == "^"  # the caret block
+    else:
+        assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_syntax_error_caret_column(tmp_path):
+    result = run("sin(x) + * 2", "--name", "Bad", cwd=tmp_path)
+    message, expression, caret = result.stderr.splitlines()
+    column = int(message.split("column ")[1].split(":")[0])
+    assert expression.strip() == "sin(x) + * 2"
+    assert caret.index("^") - expression.index("s") == column - 1
+    assert expression[expression.index("s") + column - 1] == "*"
+
+
+def test_list_functions(tmp_path):
+    result = run("--list-functions", cwd=tmp_path)
+    assert result.returncode == 0
+    for name in ("sqrt", "Max", "Piecewise", "loggamma", "sum"):
+        assert any(line.startswith(name + " ") for line in result.stdout.splitlines())
+
+
+def test_version():
+    assert symgrad.__version__ in generate_source("x**2", "Square").splitlines()[0]
