@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -13,7 +14,7 @@ from .parse import parse_spec
 from .plan import make_plan
 from .render import render, template_dir, template_fingerprint, template_name
 from .spec import SAVE_POLICIES, Spec
-from .write import Header, compose, ensure_package, write_if_changed
+from .write import Header, compose, write_if_changed
 
 
 def build_spec(
@@ -60,7 +61,9 @@ def source_for_spec(spec: Spec, base_dir: str | Path | None = None) -> str:
     plan = make_plan(derive(parse_spec(spec)))
     templates = spec.templates
     if templates is not None and base_dir is not None and not Path(templates).is_absolute():
-        templates = str(Path(base_dir) / templates)
+        # Lexically, from the resolved folder (as record_templates computed it): the output
+        # folder need not exist yet, and a path through a missing folder is never a directory.
+        templates = os.path.normpath(Path(base_dir).resolve() / templates)
     directory = template_dir(templates)
     body = render(plan, directory)
     header = Header(
@@ -103,14 +106,41 @@ def generate_source(
     return source_for_spec(build_spec(expr, name, inputs=inputs, params=params, **options))
 
 
+def record_templates(templates: str | Path, out_dir: str | Path) -> str:
+    """How a ``--templates`` folder is recorded in a spec: relative to the output folder.
+
+    A spec in ``out_dir/*.py`` is rebuilt by ``symgrad regen out_dir`` from any working
+    directory, so the override is stored relative to where the file lives, with ``/``
+    separators so that the recorded text is the same on every platform.
+
+    Raises:
+        SymgradError: if ``templates`` is not a directory.
+    """
+    folder = Path(templates)
+    if not folder.is_dir():
+        raise SymgradError(f"--templates {str(templates)!r} is not a directory")
+    try:
+        relative = os.path.relpath(folder.resolve(), Path(out_dir).resolve())
+    except ValueError:  # another drive on Windows: there is no relative path
+        return folder.resolve().as_posix()
+    return Path(relative).as_posix()
+
+
 def output_path(spec: Spec, out_dir: str | Path) -> Path:
     """Where ``spec``'s module goes in ``out_dir``."""
     return Path(out_dir) / f"{check_class_name(spec.name)}.py"
 
 
 def generate_file(spec: Spec, out_dir: str | Path = "generated", *, force: bool = False) -> tuple[Path, str]:
-    """Generate ``spec`` into ``out_dir``; returns the path and "created"/"updated"/"unchanged"."""
+    """Generate ``spec`` into ``out_dir``; returns the path and "created"/"updated"/"unchanged".
+
+    A relative ``spec.templates`` is taken relative to ``out_dir`` (see :func:`record_templates`).
+    Nothing is written unless generation succeeds.
+
+    Raises:
+        SymgradError: for bad input, or if the target is not symgrad's to overwrite: a file
+            edited by hand (unless ``force``) or a file symgrad did not write (always).
+    """
     path = output_path(spec, out_dir)
     text = source_for_spec(spec, out_dir)  # everything that can fail is done before touching disk
-    ensure_package(Path(out_dir))
     return path, write_if_changed(path, text, force=force)

@@ -1,21 +1,22 @@
-"""The ``symgrad`` command line: generate, regen, check."""
+"""The ``symgrad`` command line: generate, regen, check, build."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from . import __version__
-from .api import generate_file, source_for_spec
+from .api import generate_file, record_templates, source_for_spec
+from .config import load_targets
 from .errors import SymgradError
 from .functions import FUNCTIONS
 from .spec import Spec, parse_domain_option, parse_grad_option, parse_name_list
-from .write import check_writable, read_spec, write_if_changed
+from .write import Refused, atomic_write, ensure_package, is_hand_edited, read_spec, read_text, write_status
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 123
 DIFF_LINES = 40
@@ -32,7 +33,8 @@ def _generate_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="symgrad",
         description="Generate a verified torch.autograd.Function from a SymPy expression.",
-        epilog="Also: `symgrad regen [DIR] [--force]`, `symgrad check [DIR]`, `symgrad --list-functions`.",
+        epilog="Also: `symgrad regen [DIR] [--force]`, `symgrad check [DIR]`,"
+        " `symgrad build [--config pyproject.toml] [--force] [--check]`, `symgrad --list-functions`.",
     )
     parser.add_argument("expr", help='the expression, e.g. "sqrt(x)+1/x"; "a*b, a+b" gives two outputs')
     parser.add_argument("--name", required=True, help="class name, CamelCase, e.g. SqrtInverse")
@@ -44,6 +46,8 @@ def _generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad", action="append", default=[], metavar="INPUT=EXPR",
                         help="surrogate gradient replacing d(output)/d(INPUT), e.g. x=1 (repeatable)")
     parser.add_argument("--inplace", action="store_true", help="overwrite the first input (ctx.mark_dirty)")
+    parser.add_argument("--fuse", action="store_true",
+                        help="run forward/backward/jvp bodies through torch.compile (compiled on first use)")
     parser.add_argument("--templates", metavar="DIR", help="use the templates in DIR instead of the built-in ones")
     parser.add_argument("--stdout", action="store_true", help="print the module instead of writing it")
     parser.add_argument("--force", action="store_true", help="overwrite a file that was edited by hand")
@@ -61,6 +65,18 @@ def _dir_parser(command: str, help_text: str, force: bool) -> argparse.ArgumentP
     return parser
 
 
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="symgrad build",
+        description="Generate every function declared in the [tool.symgrad] table of a pyproject.toml.",
+    )
+    parser.add_argument("--config", default="pyproject.toml", help="the file to read (default: pyproject.toml)")
+    parser.add_argument("--force", action="store_true", help="also overwrite files edited by hand")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if any file would change")
+    parser.add_argument("--debug", action="store_true", help="show a traceback on internal errors")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -74,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args[:1] == ["check"]:
             options = _dir_parser("check", "Exit 1 if any generated module differs from what regen would write.", False).parse_args(args[1:])
             return check(Path(options.dir))
+        if args[:1] == ["build"]:
+            options = _build_parser().parse_args(args[1:])
+            return build(Path(options.config), force=options.force, check_only=options.check)
         return _generate(_generate_parser().parse_args(args))
     except SymgradError as exc:
         print(f"symgrad: error: {exc}", file=sys.stderr)
@@ -91,9 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _generate(options: argparse.Namespace) -> int:
     templates = options.templates
-    if templates is not None and not options.stdout:
-        # Recorded relative to the output folder, so that regen finds it from anywhere.
-        templates = os.path.relpath(Path(templates).resolve(), Path(options.out).resolve())
+    if templates is not None:
+        # Recorded relative to the output folder, so that regen finds it from anywhere; also
+        # with --stdout, so that the printed module is exactly the file that would be written.
+        templates = record_templates(templates, options.out)
     spec = Spec(
         expr=options.expr,
         name=options.name,
@@ -102,12 +122,13 @@ def _generate(options: argparse.Namespace) -> int:
         domain=tuple(parse_domain_option(d) for d in options.domain),
         grads=tuple(parse_grad_option(g) for g in options.grad),
         inplace=options.inplace,
+        fuse=options.fuse,
         templates=templates,
     )
     if options.stdout:
-        sys.stdout.write(source_for_spec(spec))
+        sys.stdout.write(source_for_spec(spec, options.out))
         return EXIT_OK
-    path, status = generate_file(spec, options.out, force=options.force)
+    path, _status = generate_file(spec, options.out, force=options.force)
     print(path)
     return EXIT_OK
 
@@ -118,61 +139,143 @@ def _modules(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.py") if p.name != "__init__.py")
 
 
+def _sync(path: Path, make_text: Callable[[], str], force: bool) -> tuple[str, str]:
+    """Generate one file and write it if it changed: (status, reason) for its report line.
+
+    status is "created", "updated", "unchanged", "refused" (symgrad may not overwrite it)
+    or "failed" (generation or the write failed; the old file is left as it was).
+    """
+    try:
+        text = make_text()
+        status = write_status(path, text, force)
+        if status != "unchanged":
+            ensure_package(path.parent)
+            atomic_write(path, text)
+    except Refused as exc:
+        return "refused", exc.reason
+    except SymgradError as exc:
+        return "failed", str(exc)
+    return status, ""
+
+
+def _report(path: Path, status: str, reason: str) -> bool:
+    """Print one file's line; True if it counts as a failure (exit 1)."""
+    print(f"{status} {path}: {reason}" if reason else f"{status} {path}")
+    return status in ("refused", "failed")
+
+
 def regen(directory: Path, force: bool = False) -> int:
-    """Rebuild every symgrad module in ``directory``; exit 1 if any was refused."""
-    refused = 0
+    """Rebuild every symgrad module in ``directory`` from its recorded spec.
+
+    Writes only files whose content changes; prints one line per file; returns 1 if any
+    file was refused or failed, else 0.
+    """
+    failures = 0
     for path in _modules(directory):
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_text(path)
         try:
-            spec = read_spec(text)
+            spec = None if text is None else read_spec(text)
         except SymgradError as exc:
-            print(f"refused {path}: {exc}")
-            refused += 1
+            failures += _report(path, "failed", f"cannot rebuild it: {exc}")
             continue
         if spec is None:
+            # A user's own helper module may live beside generated ones; leave it alone.
             print(f"skipped {path}: not written by symgrad")
             continue
-        try:
-            new_text = source_for_spec(spec, directory)
-            if new_text != text:
-                problem = check_writable(path, force)
-                if problem:
-                    raise SymgradError(problem)
-            status = write_if_changed(path, new_text, force=force)
-        except SymgradError as exc:
-            print(f"refused {path}: {exc}")
-            refused += 1
-            continue
-        print(f"{status} {path}")
-    return EXIT_FAILED if refused else EXIT_OK
+        failures += _report(path, *_sync(path, lambda: source_for_spec(spec, directory), force))
+    return EXIT_FAILED if failures else EXIT_OK
 
 
 def check(directory: Path) -> int:
     """Exit 0 if every module is exactly what regen would write, 1 otherwise (black's --check)."""
-    stale = 0
+    fix = _command("symgrad", "regen", str(directory))
+    problems: list[str] = []
+    checked = 0
     for path in _modules(directory):
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_text(path)
         try:
-            spec = read_spec(text)
+            spec = None if text is None else read_spec(text)
+        except SymgradError as exc:  # a malformed record: it claims to be symgrad's
+            spec, expected, error = None, "", exc
+        else:
             if spec is None:
+                continue  # not symgrad's file: nothing to check
+            try:
+                expected, error = source_for_spec(spec, directory), None
+            except SymgradError as exc:
+                expected, error = "", exc
+        checked += 1
+        if error is not None:
+            print(f"cannot rebuild {path}: {error}")
+            problems.append("failed")
+        elif text != expected:
+            problems.append(_compare(path, text, expected, fix))
+    return _summary(problems, checked, fix)
+
+
+def build(config: Path, force: bool = False, check_only: bool = False) -> int:
+    """Generate every function declared in ``config``'s ``[tool.symgrad]`` table.
+
+    The same per-file lines, refusal rules and exit codes as :func:`regen`; with
+    ``check_only`` nothing is written and the result is reported like :func:`check`.
+    """
+    targets = load_targets(config)  # a mistake anywhere in the table writes nothing
+    if check_only:
+        fix = _command("symgrad", "build", "--config", str(config))
+        problems: list[str] = []
+        for target in targets:
+            try:
+                expected = source_for_spec(target.spec, target.out)
+            except SymgradError as exc:
+                print(f"cannot build {target.path}: {exc}")
+                problems.append("failed")
                 continue
-            expected = source_for_spec(spec, directory)
-        except SymgradError as exc:
-            print(f"{path}: cannot rebuild: {exc}")
-            stale += 1
-            continue
-        if expected != text:
-            stale += 1
-            print(f"would update {path}")
-            diff = list(difflib.unified_diff(
-                text.splitlines(), expected.splitlines(), f"{path} (on disk)", f"{path} (symgrad would write)", lineterm="", n=1
-            ))
-            print("\n".join(diff[:DIFF_LINES]) + ("\n..." if len(diff) > DIFF_LINES else ""))
-    if stale:
-        print(f"{stale} file{'s' if stale != 1 else ''} would change; run `symgrad regen {directory}` to update"
-              " (add --force to overwrite hand edits)")
-        return EXIT_FAILED
-    return EXIT_OK
+            text = read_text(target.path)
+            if text != expected:
+                problems.append(_compare(target.path, text, expected, fix))
+        return _summary(problems, len(targets), fix)
+    failures = 0
+    for target in targets:
+        make = lambda target=target: source_for_spec(target.spec, target.out)  # noqa: E731
+        failures += _report(target.path, *_sync(target.path, make, force))
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def _compare(path: Path, text: str | None, expected: str, fix: str) -> str:
+    """Print why ``path`` differs from ``expected``, with a short diff; returns the kind:
+    "missing", "unreadable", "edited" (by hand) or "stale"."""
+    if text is None:
+        if path.exists():
+            print(f"cannot read {path} as UTF-8 text; it is not symgrad's to overwrite")
+            return "unreadable"
+        print(f"would create {path}; fix: {fix}")
+        return "missing"
+    if is_hand_edited(text):
+        print(f"{path} was edited by hand; fix: move the change into the expression or a template, then {fix} --force")
+        kind = "edited"
+    else:
+        print(f"would update {path}; fix: {fix}")
+        kind = "stale"
+    diff = list(difflib.unified_diff(
+        text.splitlines(), expected.splitlines(), f"{path} (on disk)", f"{path} (symgrad would write)", lineterm="", n=1
+    ))
+    print("\n".join(diff[:DIFF_LINES]) + ("\n..." if len(diff) > DIFF_LINES else ""))
+    return kind
+
+
+def _summary(problems: list[str], checked: int, fix: str) -> int:
+    """The last line of check: exit 1 with the fixing command if anything differs."""
+    files = f"{checked} file{'s' if checked != 1 else ''}"
+    if not problems:
+        print(f"{files} up to date")
+        return EXIT_OK
+    hint = " (add --force to discard hand edits)" if "edited" in problems else ""
+    print(f"{len(problems)} of {files} would change; run `{fix}`{hint}")
+    return EXIT_FAILED
+
+
+def _command(*words: str) -> str:
+    return " ".join(shlex.quote(word) for word in words)
 
 
 def _list_functions() -> int:

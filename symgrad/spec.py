@@ -62,6 +62,15 @@ class Spec:
             data: dict[str, Any] = json.loads(text)
             if not isinstance(data, dict):
                 raise TypeError("not an object")
+            # A field this version does not know would be dropped by a rebuild: refuse instead.
+            unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"unknown field {unknown[0]!r} (written by a newer symgrad?)")
+            for key in ("inputs", "params"):
+                if data.get(key) is not None and not _is_list_of(data[key], str):
+                    raise TypeError(f"{key!r} is not a list of names")
+            if not isinstance(data.get("templates", ""), str):
+                raise TypeError("'templates' is not a string")
             return cls(
                 expr=str(data["expr"]),
                 name=str(data["name"]),
@@ -74,8 +83,14 @@ class Spec:
                 fuse=bool(data.get("fuse", False)),
                 templates=data.get("templates"),
             )
-        except (ValueError, TypeError, KeyError) as exc:
+        except KeyError as exc:
+            raise SymgradError(f"malformed symgrad-spec record: missing field {exc}") from None
+        except (ValueError, TypeError) as exc:
             raise SymgradError(f"malformed symgrad-spec record: {exc}") from None
+
+
+def _is_list_of(value: Any, kind: type) -> bool:
+    return isinstance(value, list) and all(isinstance(item, kind) for item in value)
 
 
 def parse_domain_option(text: str) -> tuple[str, float, float]:

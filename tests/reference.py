@@ -6,6 +6,8 @@ It deliberately shares no code with symgrad: SymPy's own ``parse_expr`` reads th
 
 from __future__ import annotations
 
+import ast
+
 import mpmath
 import numpy as np
 import sympy
@@ -20,9 +22,23 @@ def _log(arg, base=None):
     return sympy.log(arg) if base is None else sympy.log(arg) / sympy.log(base)
 
 
+class _Indicators(ast.NodeTransformer):
+    """A comparison used as a number is its 0/1 indicator: wrap it in Piecewise."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if isinstance(node.func, ast.Name) and node.func.id == "Piecewise":
+            return node  # comparisons in Piecewise conditions stay conditions
+        return self.generic_visit(node)
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        text = ast.unparse(node)
+        return ast.parse(f"Piecewise((1, {text}), (0, True))", mode="eval").body
+
+
 def parse_reference(text: str, names: list[str]) -> list[sympy.Expr]:
     local = {name: sympy.Symbol(name, real=True) for name in names}
     local.update(sum=_SUM, mean=_MEAN, log1p=log1p, expm1=expm1, log=_log, abs=sympy.Abs)
+    text = ast.unparse(_Indicators().visit(ast.parse(text, mode="eval")))
     parsed = parse_expr(text, local_dict=local)
     return list(parsed) if isinstance(parsed, tuple) else [parsed]
 

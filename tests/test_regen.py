@@ -1,0 +1,378 @@
+"""Regenerate after edits: the recorded spec, `symgrad regen`, `symgrad check`, hand-edit
+protection, atomic writes and `--templates` (issue 3).
+
+The CLI runs in-process (``symgrad.cli.main``) from a temporary working directory: the
+same code as the ``symgrad`` command, without paying for a fresh interpreter per call.
+
+Error contract, as in test_cli.py: exit code 2, exactly one line `symgrad: error: ...` on
+stderr, nothing written or changed.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from symgrad import Spec, generate_source
+from symgrad import write as write_module
+from symgrad.cli import main
+from symgrad.render import builtin_template_dir
+from symgrad.write import content_hash, is_hand_edited, read_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run ``symgrad ARGS`` in ``tmp_path``; returns (exit code, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file's bytes and inode: a rewrite with equal bytes still shows (os.replace)."""
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_ino) for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def assert_error(result: tuple[int, str, str], fragment: str) -> None:
+    code, out, err = result
+    assert code == 2, (out, err)
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("symgrad: error: "), err
+    assert fragment in lines[0], err
+
+
+def make_stale(path: Path) -> None:
+    """Rewrite ``path`` as an older symgrad would have: other content, but a valid hash."""
+    text = path.read_text().replace("import torch\n", "import torch  # written by an older symgrad\n", 1)
+    old_hash = text.splitlines()[5]
+    assert old_hash.startswith("# symgrad-sha256: ")
+    path.write_text(text.replace(old_hash, "# symgrad-sha256: " + content_hash(text)))
+    assert not is_hand_edited(path.read_text())
+
+
+# --- the recorded spec --------------------------------------------------------------------
+
+
+def test_header_records_spec_banner_and_command(cli, tmp_path):
+    args = ["a*b + c", "--name", "Affine", "--inputs", "b,a", "--params", "c", "--domain", "a=0.5:2", "--out", "ops"]
+    assert cli(*args)[0] == 0
+    text = (tmp_path / "ops" / "affine.py").read_text()
+    lines = text.splitlines()
+    assert "DO NOT EDIT BY HAND" in lines[0] and "symgrad regen" in lines[1]
+    assert read_spec(text) == Spec(
+        expr="a*b + c", name="Affine", inputs=("b", "a"), params=("c",), domain=(("a", 0.5, 2.0),)
+    )
+    assert lines[3].startswith("# symgrad-templates: ") and not is_hand_edited(text)
+    # The banner's command rebuilds the file byte for byte.
+    command = shlex.split(lines[2].lstrip("#").strip())
+    assert command[0] == "symgrad"
+    assert cli(*command[1:], "--out", "again")[0] == 0
+    assert (tmp_path / "again" / "affine.py").read_text() == text
+
+
+def test_stdout_writes_nothing(cli, tmp_path):
+    code, out, err = cli("x**2", "--name", "Square", "--stdout")
+    assert code == 0 and err == ""
+    assert out == generate_source("x**2", "Square")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- regen and check ----------------------------------------------------------------------
+
+
+def test_regen_and_check_when_up_to_date_write_nothing(cli, tmp_path):
+    for expr, name in (("x**2", "Square"), ("x*y, x+y", "Pair")):
+        assert cli(expr, "--name", name)[0] == 0
+    (tmp_path / "generated" / "helpers.py").write_text("def helper():\n    return 1\n")  # a user's own module
+    before = snapshot(tmp_path)
+    code, out, err = cli("regen")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "skipped generated/helpers.py: not written by symgrad",
+        "unchanged generated/pair.py",
+        "unchanged generated/square.py",
+    ]
+    assert cli("check") == (0, "2 files up to date\n", "")
+    assert snapshot(tmp_path) == before
+
+
+def test_regen_updates_only_stale_files(cli, tmp_path):
+    assert cli("x**2", "--name", "Square")[0] == 0
+    assert cli("x**3", "--name", "Cube")[0] == 0
+    make_stale(tmp_path / "generated" / "square.py")
+    cube = snapshot(tmp_path / "generated")["cube.py"]
+
+    code, out, _ = cli("check", "generated")
+    assert code == 1
+    assert "would update generated/square.py; fix: symgrad regen generated" in out
+    assert "-import torch  # written by an older symgrad" in out and "+import torch" in out  # the diff
+    assert "cube.py" not in out
+    assert out.splitlines()[-1].startswith("1 of 2 files would change; run `symgrad regen generated`")
+
+    assert cli("regen", "generated") == (0, "unchanged generated/cube.py\nupdated generated/square.py\n", "")
+    assert (tmp_path / "generated" / "square.py").read_text() == generate_source("x**2", "Square")
+    assert snapshot(tmp_path / "generated")["cube.py"] == cube  # not rewritten
+    assert cli("check", "generated")[0] == 0
+
+
+def test_edit_check_refuse_force_restore(cli, tmp_path):
+    """The whole story: a hand edit is reported, protected, and only --force discards it."""
+    assert cli("x**2", "--name", "Square")[0] == 0
+    assert cli("exp(x)", "--name", "Exp")[0] == 0
+    path = tmp_path / "generated" / "square.py"
+    original = path.read_text()
+    path.write_text(original.replace("import torch\n", "import torch\nimport numpy  # my tweak\n"))
+    edited = snapshot(tmp_path)
+
+    code, out, _ = cli("check")
+    assert code == 1
+    assert "generated/square.py was edited by hand; fix:" in out and "symgrad regen generated --force" in out
+    assert "-import numpy  # my tweak" in out
+
+    code, out, err = cli("regen")
+    assert (code, err) == (1, "")
+    assert out.splitlines() == [
+        "unchanged generated/exp.py",
+        "refused generated/square.py: it was edited by hand since symgrad wrote it (use --force to overwrite it)",
+    ]
+    assert snapshot(tmp_path) == edited
+
+    assert_error(cli("x**2", "--name", "Square"), "generated/square.py: it was edited by hand")
+    assert snapshot(tmp_path) == edited
+
+    assert cli("regen", "--force") == (0, "unchanged generated/exp.py\nupdated generated/square.py\n", "")
+    assert path.read_text() == original
+    assert cli("check")[0] == 0
+
+
+def test_rerun_with_changed_expression_updates_unedited_file(cli, tmp_path):
+    assert cli("x**2", "--name", "Square")[0] == 0
+    assert cli("x**2 + 1", "--name", "Square") == (0, "generated/square.py\n", "")
+    text = (tmp_path / "generated" / "square.py").read_text()
+    assert read_spec(text).expr == "x**2 + 1" and text == generate_source("x**2 + 1", "Square")
+
+
+def test_rerun_onto_hand_edited_file_needs_force(cli, tmp_path):
+    assert cli("x**2", "--name", "Square")[0] == 0
+    path = tmp_path / "generated" / "square.py"
+    path.write_text(path.read_text() + "# my note\n")
+    before = snapshot(tmp_path)
+    assert_error(cli("x**3", "--name", "Square"), "edited by hand since symgrad wrote it (use --force")
+    assert snapshot(tmp_path) == before
+    assert cli("x**3", "--name", "Square", "--force")[0] == 0
+    assert path.read_text() == generate_source("x**3", "Square")
+
+
+def test_hash_lookalike_in_body_counts_as_edit(cli, tmp_path):
+    assert cli("x**2", "--name", "Square")[0] == 0
+    path = tmp_path / "generated" / "square.py"
+    text = path.read_text()
+    path.write_text(text + "# symgrad-sha256: " + content_hash(text) + "\n")
+    assert is_hand_edited(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["def mine():\n    return 42\n", '# symgrad-spec: {"expr": broken\nx = 1\n', b"\xff\xfe not utf-8\n"],
+    ids=["plain", "malformed-spec", "binary"],
+)
+def test_foreign_file_is_never_overwritten(cli, tmp_path, content):
+    (tmp_path / "generated").mkdir()
+    path = tmp_path / "generated" / "square.py"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = snapshot(tmp_path)
+    for force in ([], ["--force"]):
+        result = cli("x**2", "--name", "Square", *force)
+        assert_error(result, "refusing to overwrite generated/square.py")
+        assert snapshot(tmp_path) == before
+    code, out, _ = cli("regen", "--force")
+    assert snapshot(tmp_path) == before
+    if content.startswith(b"# symgrad-spec" if isinstance(content, bytes) else "# symgrad-spec"):
+        assert code == 1 and out.startswith("failed generated/square.py: cannot rebuild it: malformed symgrad-spec")
+        assert cli("check")[0] == 1
+    else:
+        assert (code, out) == (0, "skipped generated/square.py: not written by symgrad\n")
+        assert cli("check") == (0, "0 files up to date\n", "")
+
+
+@pytest.mark.parametrize(
+    "record, fragment",
+    [
+        ('{"expr": "x**2", "name": "Square", "colour": "red"}', "unknown field 'colour' (written by a newer symgrad?)"),
+        ('{"expr": "x**2"}', "missing field 'name'"),
+        ('{"expr": "x**2", "name": "Square", "inputs": "x"}', "'inputs' is not a list of names"),
+        ('["x**2", "Square"]', "not an object"),
+    ],
+)
+def test_malformed_spec_record(cli, tmp_path, record, fragment):
+    assert cli("x**2", "--name", "Square")[0] == 0
+    path = tmp_path / "generated" / "square.py"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[4] = "# symgrad-spec: " + record + "\n"
+    path.write_text("".join(lines))
+    before = snapshot(tmp_path)
+    code, out, _ = cli("regen", "--force")
+    assert (
+        code == 1
+        and out == f"failed generated/square.py: cannot rebuild it: malformed symgrad-spec record: {fragment}\n"
+    )
+    code, out, _ = cli("check")
+    assert code == 1 and out.startswith(
+        f"cannot rebuild generated/square.py: malformed symgrad-spec record: {fragment}"
+    )
+    assert_error(cli("x**2", "--name", "Square", "--force"), "not written by symgrad")
+    assert snapshot(tmp_path) == before
+
+
+def test_directory_in_the_way_is_refused(cli, tmp_path):
+    (tmp_path / "generated" / "square.py").mkdir(parents=True)
+    assert_error(cli("x**2", "--name", "Square", "--force"), "not a regular file")
+
+
+# --- failed and interrupted writes ----------------------------------------------------------
+
+
+def test_failed_generation_leaves_old_file(cli, tmp_path):
+    assert cli("x**2", "--name", "Square")[0] == 0
+    before = snapshot(tmp_path)
+    assert_error(cli("x*y, x+y", "--name", "Square", "--inplace"), "single elementwise output")
+    assert_error(cli("x**2", "--name", "Square", "--templates", "missing"), "is not a directory")
+    assert snapshot(tmp_path) == before
+
+
+def _raise(error: BaseException):
+    def fail(*args, **kwargs):
+        raise error
+
+    return fail
+
+
+@pytest.mark.parametrize("step", ["fsync", "replace"])
+def test_failed_write_leaves_old_file(cli, tmp_path, monkeypatch, step):
+    assert cli("x**2", "--name", "Square")[0] == 0
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(write_module.os, step, _raise(OSError(28, "No space left on device")))
+    assert_error(cli("x**3", "--name", "Square"), "cannot write generated/square.py: No space left on device")
+    assert snapshot(tmp_path) == before  # no temporary file left behind either
+
+    make_stale(tmp_path / "generated" / "square.py")
+    stale = snapshot(tmp_path)
+    code, out, _ = cli("regen")
+    assert (
+        code == 1 and out == "failed generated/square.py: cannot write generated/square.py: No space left on device\n"
+    )
+    assert snapshot(tmp_path) == stale
+
+
+@pytest.mark.parametrize("step", ["fsync", "replace"])
+def test_interrupted_write_leaves_old_file(cli, tmp_path, monkeypatch, step):
+    assert cli("x**2", "--name", "Square")[0] == 0
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(write_module.os, step, _raise(KeyboardInterrupt()))
+    assert cli("x**3", "--name", "Square")[0] == 130
+    assert snapshot(tmp_path) == before
+
+
+# --- usage errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["regen", "nowhere"], "nowhere is not a directory"),
+        (["check", "nowhere"], "nowhere is not a directory"),
+        (["regen", "--frce"], "unrecognized arguments: --frce"),
+        (["check", "--force"], "unrecognized arguments: --force"),
+        (["regen", "a", "b"], "unrecognized arguments: b"),
+    ],
+)
+def test_regen_check_usage_errors(cli, tmp_path, args, fragment):
+    (tmp_path / "generated").mkdir()
+    (tmp_path / "generated" / "keep.py").write_text("# a user's own file\n")
+    before = snapshot(tmp_path)
+    assert_error(cli(*args), fragment)
+    assert snapshot(tmp_path) == before
+
+
+# --- --templates --------------------------------------------------------------------------
+
+
+def custom_templates(folder: Path, comment: str) -> Path:
+    """A copy of the built-in templates whose modules carry ``comment`` after ``import torch``."""
+    shutil.copytree(builtin_template_dir(), folder, dirs_exist_ok=True)
+    assert "\nimport torch\n" in (folder / "function.py.jinja").read_text()
+    for template in folder.glob("*.jinja"):
+        text = template.read_text()
+        template.write_text(text.replace("\nimport torch\n", f"\nimport torch  # {comment}\n", 1))
+    return folder
+
+
+def test_templates_override_is_recorded_and_reused(cli, tmp_path, monkeypatch):
+    custom_templates(tmp_path / "style", "house style")
+    assert cli("x**2", "--name", "Square", "--templates", "style", "--out", "pkg/ops")[0] == 0
+    path = tmp_path / "pkg" / "ops" / "square.py"
+    text = path.read_text()
+    assert "import torch  # house style\n" in text
+    assert read_spec(text).templates == "../../style"  # relative to the output folder
+    assert "--templates ../../style --out ." in text.splitlines()[2]
+    builtin = generate_source("x**2", "Square")
+    assert text.splitlines()[3] != builtin.splitlines()[3]  # another template fingerprint
+
+    # --stdout prints exactly the file that would be written.
+    assert cli("x**2", "--name", "Square", "--templates", "style", "--out", "pkg/ops", "--stdout")[1] == text
+
+    # regen and check find the override from any working directory.
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    before = snapshot(tmp_path)
+    assert cli("check", "../pkg/ops") == (0, "1 file up to date\n", "")
+    assert cli("regen", "../pkg/ops") == (0, "unchanged ../pkg/ops/square.py\n", "")
+    assert snapshot(tmp_path) == before
+
+    # The banner's command, run from the output folder, rebuilds the file byte for byte.
+    monkeypatch.chdir(path.parent)
+    assert cli(*shlex.split(text.splitlines()[2].lstrip("#").strip())[1:]) == (0, "square.py\n", "")
+    assert snapshot(tmp_path) == before
+
+    # A changed template makes the file stale; regen applies it.
+    monkeypatch.chdir(tmp_path)
+    custom_templates(tmp_path / "style", "house style v2")
+    code, out, _ = cli("check", "pkg/ops")
+    assert code == 1 and "+import torch  # house style v2" in out
+    assert cli("regen", "pkg/ops")[1] == "updated pkg/ops/square.py\n"
+    assert "import torch  # house style v2\n" in path.read_text()
+
+
+def test_missing_recorded_templates_fail_regen_and_check(cli, tmp_path):
+    custom_templates(tmp_path / "style", "house style")
+    assert cli("x**2", "--name", "Square", "--templates", "style")[0] == 0
+    shutil.rmtree(tmp_path / "style")
+    before = snapshot(tmp_path)
+    code, out, _ = cli("regen")
+    assert code == 1 and out.startswith("failed generated/square.py:") and "not a directory" in out
+    code, out, _ = cli("check")
+    assert code == 1 and out.startswith("cannot rebuild generated/square.py:")
+    assert snapshot(tmp_path) == before
+
+
+# --- the project's own generated/ -----------------------------------------------------------
+
+
+def test_repository_generated_modules_are_up_to_date(capsys):
+    """What CI runs: `symgrad check generated`. Fails until `symgrad regen generated` is run
+    after a change to symgrad or its templates; the output says which files and why."""
+    code = main(["check", str(ROOT / "generated")])
+    assert code == 0, capsys.readouterr().out
