@@ -10,8 +10,10 @@ import textwrap
 from dataclasses import dataclass
 
 import sympy
+from sympy.codegen.cfunctions import expm1, log1p
 
 from .derive import Derivation, op_count
+from .errors import SymgradError
 from .naming import RESERVED, Namer, check_class_name
 from .printer import print_torch
 
@@ -28,6 +30,25 @@ class Method:
     params: tuple[str, ...]
     lines: tuple[str, ...]
     returns: str
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Fused mode: the pure tensor functions that ``torch.compile`` runs.
+
+    Each is a module-level function of tensors (and numbers, flags and shapes) only, with
+    no ``ctx``: the Function's methods unpack ``ctx`` and call them through ``runner``,
+    which compiles each on first use and runs it eagerly where compiling cannot work.
+    """
+
+    runner: str
+    cache: str
+    forward_name: str
+    forward: Method
+    backward_name: str
+    backward: Method
+    jvp_name: str
+    jvp: Method
 
 
 @dataclass(frozen=True)
@@ -50,6 +71,7 @@ class Plan:
     inplace: bool
     once_differentiable: bool
     surrogate: bool
+    fused: Fused | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +100,8 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     spec = parsed.spec
     n_out = len(parsed.outputs)
     module_level = {spec.name, f"_{spec.name}NoJvp", alias, "torch"}
+    if spec.fuse:
+        module_level |= set(_fused_names(alias).values())
     # Builtins the generated bodies call, which a user symbol must not shadow.
     builtins_used = {"isinstance", "getattr"}
     # User symbols first avoid every name the generated code uses for itself ...
@@ -97,6 +121,167 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     grads = tuple(namer.claim(f"grad_{internal[s]}") for s in parsed.inputs)
     tangents = tuple(namer.claim(f"{internal[s]}_tangent") for s in parsed.inputs + parsed.params)
     return _Names(symbols, public, results, grad_outputs, grads, tangents, namer.numbered("t"), namer)
+
+
+# In-place twins of the torch functions the printer uses for these SymPy classes
+# (printer.PRINTERS prints each as torch.<name>(arg)); "sigmoid" is symgrad's own class.
+_INPLACE_METHODS: dict[object, str] = {
+    sympy.exp: "exp_",
+    sympy.log: "log_",
+    log1p: "log1p_",
+    expm1: "expm1_",
+    sympy.sin: "sin_",
+    sympy.cos: "cos_",
+    sympy.tan: "tan_",
+    sympy.sinh: "sinh_",
+    sympy.cosh: "cosh_",
+    sympy.tanh: "tanh_",
+    sympy.atan: "atan_",
+    sympy.erf: "erf_",
+    sympy.erfc: "erfc_",
+    "sigmoid": "sigmoid_",
+}
+
+
+def _inplace_method(node: sympy.Basic) -> str | None:
+    if not isinstance(node, sympy.Function) or len(node.args) != 1:
+        return None
+    return _INPLACE_METHODS.get(type(node)) or _INPLACE_METHODS.get(type(node).__name__)
+
+
+class _InPlace:
+    """Straight-line code for one expression that updates fresh temporaries in place.
+
+    Backward without create_graph needs no graph, so ``a * b + c`` can run as
+    ``t = a * b; t.add_(c)``: one buffer instead of two, fewer passes over memory. Only
+    tensors created here are modified ("owned"); inputs, saved tensors and CSE
+    temporaries are read only. Callers use it only where every tensor has the same
+    shape (one input, no params), so an in-place op never needs to broadcast its target.
+    """
+
+    def __init__(self, builder: "_Builder") -> None:
+        self.b = builder
+        self.lines: list[str] = []
+
+    def new(self) -> str:
+        return next(self.b.names.temporaries)
+
+    def code(self, node: sympy.Basic) -> str:
+        return self.b.code(node)
+
+    @staticmethod
+    def leaf(node: sympy.Basic) -> bool:
+        return node.is_Symbol or node.is_number
+
+    def assign(self, text: str) -> str:
+        name = self.new()
+        self.lines.append(f"{name} = {text}")
+        return name
+
+    def value(self, node: sympy.Basic) -> tuple[str, bool]:
+        """The name (or literal) holding ``node``, and whether this code owns it."""
+        if self.leaf(node):
+            return self.code(node), False
+        if isinstance(node, sympy.Add):
+            return self.add(node), True
+        if isinstance(node, sympy.Mul):
+            return self.mul(node), True
+        if isinstance(node, sympy.Pow):
+            return self.pow(node)
+        method = _inplace_method(node)
+        if method is not None:
+            (arg,) = node.args
+            if self.leaf(arg):
+                return self.assign(self.code(node)), True
+            name, owned = self.value(arg)
+            if owned:
+                self.lines.append(f"{name}.{method}()")
+                return name, True
+            return self.assign(self.code(node.func(self.symbol(name)))), True
+        # Anything else (Piecewise, Min/Max, symgrad's stable functions) is printed as
+        # it stands; its result might alias an argument, so it is never modified.
+        return self.assign(self.code(node)), False
+
+    def symbol(self, name: str) -> sympy.Symbol:
+        symbol = sympy.Dummy(name, real=True)
+        self.b.names.symbols[symbol] = name
+        return symbol
+
+    def add(self, node: sympy.Add) -> str:
+        terms = list(node.args)
+        start = next((k for k, t in enumerate(terms) if not self.leaf(t)), None)
+        if start is None:
+            return self.assign(self.code(node))  # leaves only: one fresh result
+        acc, owned = self.value(terms[start])
+        if not owned:
+            acc = self.assign(f"{acc}.clone()")
+        for k, term in enumerate(terms):
+            if k == start:
+                continue
+            coefficient, rest = term.as_coeff_Mul()
+            if rest.is_Symbol and coefficient != 1:
+                self.lines.append(f"{acc}.add_({self.code(rest)}, alpha={self.code(coefficient)})")
+            else:
+                self.lines.append(f"{acc}.add_({self.value(term)[0]})")
+        return acc
+
+    def mul(self, node: sympy.Mul) -> str:
+        coefficient, rest = node.as_coeff_Mul()
+        factors = list(sympy.Mul.make_args(rest))
+        divisors = [f for f in factors if isinstance(f, sympy.Pow) and f.exp.is_Integer and f.exp < 0]
+        numerators = [f for f in factors if f not in divisors]
+        start = next((k for k, f in enumerate(numerators) if not self.leaf(f)), None)
+        if start is not None:
+            acc, owned = self.value(numerators.pop(start))
+            if not owned:
+                acc = self.assign(f"{acc}.clone()")
+        elif numerators:
+            # Leaves only: the coefficient goes into the first (allocating) product.
+            acc = self.assign(self.code(coefficient * numerators.pop(0)))
+            coefficient = sympy.Integer(1)
+        else:
+            acc = self.assign(self.code(coefficient * divisors.pop(0)))
+            coefficient = sympy.Integer(1)
+        for factor in numerators:
+            self.lines.append(f"{acc}.mul_({self.value(factor)[0]})")
+        for divisor in divisors:
+            base, power = divisor.base, -divisor.exp
+            self.lines.append(f"{acc}.div_({self.value(base if power == 1 else base**power)[0]})")
+        if coefficient == -1:
+            self.lines.append(f"{acc}.neg_()")
+        elif coefficient != 1:
+            self.lines.append(f"{acc}.mul_({self.code(coefficient)})")
+        return acc
+
+    def pow(self, node: sympy.Pow) -> tuple[str, bool]:
+        base, exponent = node.args
+        if self.leaf(base) or not exponent.is_number:
+            return self.assign(self.code(node)), True
+        name, owned = self.value(base)
+        if not owned:
+            return self.assign(self.code(self.symbol(name) ** exponent)), True
+        if exponent == -1:
+            self.lines.append(f"{name}.reciprocal_()")
+        elif exponent == sympy.S.Half:
+            self.lines.append(f"{name}.sqrt_()")
+        elif exponent == -sympy.S.Half:
+            self.lines.append(f"{name}.rsqrt_()")
+        elif exponent == 2:
+            self.lines.append(f"{name}.square_()")
+        else:
+            self.lines.append(f"{name}.pow_({self.code(exponent)})")
+        return name, True
+
+
+def _fused_names(alias: str) -> dict[str, str]:
+    """Module-level names used only by fused modules."""
+    return {
+        "runner": "_fused",
+        "cache": "_COMPILED",
+        "forward": f"_{alias}_forward",
+        "backward": f"_{alias}_backward",
+        "jvp": f"_{alias}_jvp",
+    }
 
 
 def _choose_saved_forms(derivation: Derivation, names: _Names) -> tuple[tuple[sympy.Expr, ...], ...]:
@@ -142,6 +327,23 @@ class _Builder:
         self.live = [not nd for nd in derivation.nondifferentiable]
         # Shapes are needed to un-broadcast gradients only when tensors can broadcast.
         self.broadcasts = len(self.inputs) + len(self.params) > 1
+        # In fused mode the bodies are built as pure functions: every ``ctx`` attribute
+        # they read becomes a parameter (see ``ctx_ref``).
+        self.pure = False
+        self.pure_params: dict[str, str] = {}  # ctx attribute -> parameter name
+        self.pure_used: list[str] = []
+
+    def ctx_ref(self, attribute: str) -> str:
+        """``ctx.<attribute>`` in a method; a parameter of the same meaning in a pure function."""
+        if not self.pure:
+            return f"ctx.{attribute}"
+        if attribute not in self.pure_params:
+            wanted = attribute.split("[")[0]
+            self.pure_params[attribute] = self.names.namer.claim(wanted)
+        name = self.pure_params[attribute]
+        if attribute not in self.pure_used:
+            self.pure_used.append(attribute)
+        return name
 
     # -- helpers ----------------------------------------------------------------------
     def name(self, symbol: sympy.Symbol) -> str:
@@ -186,6 +388,11 @@ class _Builder:
         inplace = self.p.spec.inplace
         saved = self.saved()
         once = inplace and any(s in self.inputs for s in saved)
+        fused = None
+        if self.p.spec.fuse:
+            if inplace:
+                raise SymgradError("--fuse and --inplace cannot be combined: an in-place Function is not fused")
+            fused = self.fused(saved)
         return Plan(
             class_name=self.p.spec.name,
             no_jvp_class=f"_{self.p.spec.name}NoJvp",
@@ -194,16 +401,67 @@ class _Builder:
             call_args=tuple(self.names.public[s] for s in self.inputs + self.params),
             docstring=self.docstring(saved),
             saved_comment=self.saved_comment(saved, once),
-            forward=self.forward(),
+            forward=fused.forward_call if fused else self.forward(),
             setup_context=self.setup_context(saved),
-            backward=self.backward(saved),
-            jvp=self.jvp(saved),
+            backward=fused.backward_call if fused else self.backward(saved),
+            jvp=fused.jvp_call if fused else self.jvp(saved),
             setup_forward_ad=self.setup_forward_ad(saved),
             metadata=self.metadata(),
             inplace=inplace,
             once_differentiable=once,
             surrogate=any(self.d.surrogate),
+            fused=fused.plan if fused else None,
         )
+
+    def fused(self, saved: list[sympy.Symbol]) -> "_FusedParts":
+        """The pure functions, and the methods that call them through the runner."""
+        names = _fused_names(self.alias)
+        runner = names["runner"]
+
+        def pure(build, fixed: tuple[str, ...]) -> tuple[Method, tuple[str, ...]]:
+            """Build a body with ctx attributes as parameters; also return the call's ctx args."""
+            self.pure, self.pure_used = True, []
+            try:
+                method = build()
+            finally:
+                self.pure = False
+            used = tuple(self.pure_used)
+            params = fixed + tuple(self.pure_params[a] for a in used)
+            return Method(params, method.lines, method.returns), tuple(f"ctx.{a}" for a in used)
+
+        forward, _ = pure(self.forward, self.forward_params())
+        forward_call = Method(self.forward_params(), (), f"{runner}({names['forward']}, {', '.join(self.forward_params())})")
+
+        values = [self.name(s) for s in saved] + [self.name(p) for p in self.saved_params()]
+        fixed = self.names.grad_outputs + tuple(values)
+        backward, ctx_args = pure(lambda: self.backward(saved, with_unpack=False), fixed)
+        grads = list(self.names.grads)
+        backward = Method(backward.params, backward.lines, ", ".join(grads))
+        call = f"{_unpack(grads) if len(grads) > 1 else grads[0]} = {runner}({names['backward']}, {', '.join(fixed + ctx_args)})"
+        backward_call = Method(
+            ("ctx",) + self.names.grad_outputs,
+            tuple(self.unpack_saved(saved)) + (call,),
+            ", ".join(grads + ["None"] * len(self.params)),
+        )
+
+        fixed = self.names.tangents + tuple(values)
+        jvp, ctx_args = pure(lambda: self.jvp(saved, with_unpack=False), fixed)
+        jvp_call = Method(
+            ("ctx",) + self.names.tangents,
+            tuple(self.unpack_saved(saved)),
+            f"{runner}({names['jvp']}, {', '.join(fixed + ctx_args)})",
+        )
+        plan = Fused(
+            runner=runner,
+            cache=names["cache"],
+            forward_name=names["forward"],
+            forward=forward,
+            backward_name=names["backward"],
+            backward=backward,
+            jvp_name=names["jvp"],
+            jvp=jvp,
+        )
+        return _FusedParts(plan, forward_call, backward_call, jvp_call)
 
     def forward(self) -> Method:
         exprs = list(self.d.forward)
@@ -313,8 +571,8 @@ class _Builder:
             lines.append(f"{INDENT}{name} = ctx.{name}_number")
         return lines
 
-    def backward(self, saved: list[sympy.Symbol]) -> Method:
-        lines = self.unpack_saved(saved)
+    def backward(self, saved: list[sympy.Symbol], with_unpack: bool = True) -> Method:
+        lines = self.unpack_saved(saved) if with_unpack else []
         # All gradients share one CSE, so work common to several inputs is done once.
         entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
         exprs = [self.rows[i][j] for i, j in entries]
@@ -336,15 +594,49 @@ class _Builder:
             grads.append(grad)
             if not terms:
                 continue
-            lines.append(f"if ctx.needs_input_grad[{j}]:")
+            lines.append(f"if {self.ctx_ref('needs_input_grad')}[{j}]:")
             own = [(t, e) for t, e in temps if users[t] == {j}]
             lines += [f"{INDENT}{self.name(t)} = {self.code(e)}" for t, e in own]
             total = " + ".join(terms)
             if self.broadcasts:
-                total = f"({total}).sum_to_size(ctx.{self.name(symbol)}_shape)"
-            lines.append(f"{INDENT}{grad} = {total}")
+                total = f"({total}).sum_to_size({self.ctx_ref(self.name(symbol) + '_shape')})"
+            inplace = self.inplace_backward(entries, reduced, j)
+            if inplace is None:
+                lines.append(f"{INDENT}{grad} = {total}")
+                continue
+            body, term = inplace
+            lines.append(f"{INDENT}if torch.is_grad_enabled():")
+            lines.append(f"{INDENT * 2}# create_graph=True: out-of-place ops, so that this is differentiable.")
+            lines.append(f"{INDENT * 2}{grad} = {total}")
+            lines.append(f"{INDENT}else:")
+            lines.append(f"{INDENT * 2}# No graph to keep: fresh temporaries are updated in place.")
+            lines += [f"{INDENT * 2}{line}" for line in body]
+            lines.append(f"{INDENT * 2}{grad} = {term}")
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
+
+    def inplace_backward(self, entries, reduced, j: int) -> tuple[list[str], str] | None:
+        """In-place lines and the final term for gradient ``j``, where that is safe and pays.
+
+        Only for one input, no params and one output (every tensor has one shape, so an
+        in-place op never broadcasts its target), outside fused bodies (where inductor
+        plans buffers itself), and for expressions of at least two ops.
+        """
+        if self.pure or len(self.inputs) != 1 or self.params or self.n_out != 1:
+            return None
+        mine = [(i, expr) for (i, jj), expr in zip(entries, reduced) if jj == j]
+        if len(mine) != 1:
+            return None
+        output, expr = mine[0]
+        if op_count(expr) < 2 or isinstance(expr, sympy.Piecewise):
+            return None
+        emitter = _InPlace(self)
+        name, owned = emitter.value(expr)
+        if not owned:
+            return None
+        # The upstream gradient is multiplied out of place: under vmap it may be batched
+        # where the fresh temporaries are not.
+        return emitter.lines, self.backward_term(output, emitter.symbol(name))
 
     def backward_term(self, output: int, expr: sympy.Expr) -> str:
         grad_output = self.names.grad_outputs[output]
@@ -353,7 +645,7 @@ class _Builder:
             text = f"{grad_output} * ({self.code(expr)})"
         reduction = self.outputs[output].reduction
         if reduction is not None:
-            shape = f"ctx.{self.name(self.names.results[output])}_shape"
+            shape = self.ctx_ref(f"{self.name(self.names.results[output])}_shape")
             text = f"({text}).expand({shape})"
             if reduction == "mean":
                 text = f"{text} / {shape}.numel()"
@@ -369,8 +661,8 @@ class _Builder:
             unpack.append(f"{_unpack(results)} = output" if self.n_out > 1 else f"{results[0]} = output")
         return tuple(unpack + lines)
 
-    def jvp(self, saved: list[sympy.Symbol]) -> Method:
-        lines = self.unpack_saved(saved)
+    def jvp(self, saved: list[sympy.Symbol], with_unpack: bool = True) -> Method:
+        lines = self.unpack_saved(saved) if with_unpack else []
         entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
         exprs = [self.rows[i][j] for i, j in entries]
         temps, reduced = self.cse(exprs)
@@ -392,7 +684,7 @@ class _Builder:
             if single:
                 value = terms[0][1]
                 if out.reduction is not None:
-                    value = f"({value}).expand(ctx.{result}_shape).{out.reduction}()"
+                    value = f"({value}).expand({self.ctx_ref(result + '_shape')}).{out.reduction}()"
                 lines.append(f"{tangent} = {value}")
             else:
                 lines.append(f"{tangent} = 0")
@@ -401,9 +693,11 @@ class _Builder:
                     lines.append(f"{INDENT}{tangent} = {tangent} + {term}")
                 # The engine does not broadcast tangents: each must have its output's shape.
                 if out.reduction is not None:
-                    lines.append(f"{tangent} = torch.as_tensor({tangent}).expand(ctx.{result}_shape).{out.reduction}()")
+                    shape = self.ctx_ref(f"{result}_shape")
+                    lines.append(f"{tangent} = torch.as_tensor({tangent}).expand({shape}).{out.reduction}()")
                 else:
-                    lines.append(f"{tangent} = torch.as_tensor({tangent}).expand(ctx.{result}_shape)")
+                    shape = self.ctx_ref(f"{result}_shape")
+                    lines.append(f"{tangent} = torch.as_tensor({tangent}).expand({shape})")
             returns.append(tangent)
         return Method(("ctx",) + self.names.tangents, tuple(lines), ", ".join(returns))
 
@@ -480,6 +774,14 @@ class _Builder:
             "saved": [self.name(s) for s in self.saved()],
         }
         return repr(data)
+
+
+@dataclass(frozen=True)
+class _FusedParts:
+    plan: Fused
+    forward_call: Method
+    backward_call: Method
+    jvp_call: Method
 
 
 class _SymbolStream:

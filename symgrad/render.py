@@ -14,6 +14,7 @@ from .plan import Plan
 
 FUNCTION_TEMPLATE = "function.py.jinja"
 INPLACE_TEMPLATE = "inplace.py.jinja"
+FUSED_TEMPLATE = "fused.py.jinja"
 # Black's defaults, pinned here so that output does not follow a user's black config.
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
 
@@ -42,7 +43,9 @@ def template_dir(override: str | None) -> Path:
 
 
 def template_name(plan: Plan) -> str:
-    return INPLACE_TEMPLATE if plan.inplace else FUNCTION_TEMPLATE
+    if plan.inplace:
+        return INPLACE_TEMPLATE
+    return FUSED_TEMPLATE if plan.fused is not None else FUNCTION_TEMPLATE
 
 
 def template_fingerprint(directory: Path) -> str:

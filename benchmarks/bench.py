@@ -1,0 +1,399 @@
+"""Benchmark symgrad's generated Functions against eager autograd and torch.compile.
+
+Run from the repository root (1-3 minutes on 2 cores with a warm inductor cache; a cold
+one adds 5-30 s per compile):
+
+    python benchmarks/bench.py                      # N = 1e6 and 1e7, float32, CPU
+    python benchmarks/bench.py --sizes 1e6 --png bench.png --only Mish GELU
+
+For every expression in EXPRESSIONS it generates two modules with
+``symgrad.generate_source`` into a temporary package (default mode and ``fuse=True``)
+and times one forward plus backward (``torch.autograd.grad`` with a fixed upstream
+gradient) for four variants:
+
+- ``eager``: the generated class's ``forward`` staticmethod called directly with grad
+  enabled: the same torch expression, differentiated by eager autograd;
+- ``compile``: ``torch.compile`` (inductor) of that same eager expression;
+- ``symgrad``: the generated Function (default mode);
+- ``fused``: the generated Function with ``--fuse``.
+
+Times are the median (with min and max) over ``--repeats`` runs after warm-up. The
+first call of ``compile`` and ``fused`` includes compiling; it is reported separately.
+Saved bytes are the unique storages that autograd keeps for backward, counted with
+``torch.autograd.graph.saved_tensors_hooks`` (inputs included when they are saved).
+The bandwidth floor is the traffic fwd+bwd cannot avoid, divided by the measured copy
+bandwidth at the same N: forward reads each input and writes each elementwise output;
+backward reads each elementwise upstream gradient and each tensor the minimal plan
+saves (the default module's ``saved`` list), and writes one gradient per input.
+
+Threads: one by default (``--threads``). On a shared machine, an OpenMP thread that the
+OS deschedules stalls every parallel op until it runs again (30 ms jumps on a busy
+2-core box), which swamps the comparison; one thread measures the code, not the load.
+
+Allocator: at N=1e7 glibc's default returns every 40 MB buffer to the OS and page-faults
+it back in on the next allocation, which dominates eager timings. The script re-executes
+itself with ``MALLOC_MMAP_MAX_=0`` and ``MALLOC_TRIM_THRESHOLD_`` set high (so freed
+buffers are reused) unless ``--system-malloc`` is given or they are already set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
+
+# (class name, expression, inputs, domain): the seed functions, common activations, a
+# several-input function and a large expression. The domain (where inputs are sampled)
+# is given explicitly, so that the benchmark does not depend on symgrad's domain search.
+X = {"x": (-3.0, 3.0)}
+EXPRESSIONS = [
+    ("Double", "2*x", None, X),
+    ("Square", "x**2", None, X),
+    ("Cube", "x**3", None, X),
+    ("Exp", "exp(x)", None, X),
+    ("SquareSum", "sum(x**2)", None, X),
+    ("SqrtInverse", "sqrt(x)+1/x", None, {"x": (0.5, 4.0)}),
+    ("Mish", "x*tanh(log(1+exp(x)))", None, X),
+    ("SiLU", "x/(1+exp(-x))", None, X),
+    ("GELU", "x/2*(1+erf(x/sqrt(2)))", None, X),
+    ("Softplus", "log(1+exp(x))", None, X),
+    ("TwoInput", "x*y+exp(-x)*log(1+y**2)", ["x", "y"], {"x": (-3.0, 3.0), "y": (-3.0, 3.0)}),
+    (
+        "Large",
+        "sin(x)*exp(-x**2/2) + x**3/(1+x**2) + tanh(x)*log(1+x**2) + sqrt(1+x**2)*cos(2*x) + x**4/24 - x/3",
+        None,
+        X,
+    ),
+]
+VARIANTS = ("eager", "compile", "symgrad", "fused")
+
+
+@dataclass
+class Row:
+    name: str
+    n: int
+    times: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # median, min, max (ms)
+    compile_s: dict[str, float] = field(default_factory=dict)
+    saved: dict[str, int] = field(default_factory=dict)
+    floor_ms: float = float("nan")
+    error: str = ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7], help="element counts (default 1e6 1e7)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs at N <= 1e6 (default 15)")
+    parser.add_argument("--repeats-large", type=int, default=5, help="timed runs at N > 1e6 (default 5)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs before timing (default 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see the docstring)")
+    parser.add_argument("--only", nargs="+", help="benchmark only these names (e.g. Mish GELU)")
+    parser.add_argument("--png", help="also write a bar chart to this file (needs matplotlib)")
+    parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
+    args = parser.parse_args()
+
+    if not args.system_malloc and any(k not in os.environ for k in ALLOCATOR_ENV):
+        env = dict(os.environ, **ALLOCATOR_ENV)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+    import torch
+
+    threads = args.threads
+    torch.set_num_threads(threads)
+    print(machine_line(torch, threads))
+    print("allocator: " + ("glibc defaults" if args.system_malloc else " ".join(f"{k}={os.environ.get(k)}" for k in ALLOCATOR_ENV)))
+    print("dtype float32, device cpu; times are fwd+bwd in ms: median [min-max]", flush=True)
+    print(f"load average at start: {load()} (other processes on the machine make timings noisy)\n", flush=True)
+
+    package_dir = Path(tempfile.mkdtemp(prefix="symgrad_bench_"))
+    package = "symgrad_bench_modules"
+    (package_dir / package).mkdir()
+    (package_dir / package / "__init__.py").write_text("")
+    sys.path.insert(0, str(package_dir))
+
+    expressions = [e for e in EXPRESSIONS if not args.only or e[0] in args.only]
+    modules = {}
+    for name, expr, inputs, domain in expressions:
+        try:
+            modules[name] = generate(package_dir, package, name, expr, inputs, domain)
+        except Exception as exc:  # report, keep going
+            print(f"{name}: generation failed: {type(exc).__name__}: {exc}", flush=True)
+
+    rows = []
+    for size in args.sizes:
+        n = int(size)
+        bandwidth = copy_bandwidth(torch, n)
+        print(f"N={n:.0e}: copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+        repeats = args.repeats if n <= 1_000_000 else args.repeats_large
+        for name, *_ in expressions:
+            if name not in modules:
+                continue
+            row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth)
+            rows.append(row)
+            print(progress_line(row), flush=True)
+    print(f"\nload average at end: {load()}")
+    print()
+    print(table(rows))
+    print()
+    print(summary(rows))
+    if args.png:
+        chart(rows, args.png)
+    return 0
+
+
+def load() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def machine_line(torch, threads: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {threads} threads, "
+        f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    )
+
+
+def generate(package_dir: Path, package: str, name: str, expr: str, inputs, domain):
+    """Write the default and fused modules for one expression; import both."""
+    import symgrad
+
+    out = {}
+    for variant, class_name, fuse in (("symgrad", name, False), ("fused", f"{name}Fused", True)):
+        source = symgrad.generate_source(expr, class_name, inputs=inputs, domain=domain, fuse=fuse)
+        stem = f"{name.lower()}_{variant}"
+        (package_dir / package / f"{stem}.py").write_text(source)
+        out[variant] = importlib.import_module(f"{package}.{stem}")
+    return out
+
+
+def make_inputs(torch, module, n: int):
+    meta = module.__symgrad__
+    generator = torch.Generator().manual_seed(0)
+    xs = []
+    for symbol in meta["inputs"]:
+        low, high = meta["domain"][symbol]
+        xs.append((low + (high - low) * torch.rand(n, generator=generator)).requires_grad_())
+    return xs
+
+
+def variants(torch, pair):
+    """The four callables for one expression, each taking the input tensors."""
+    default, fused = pair["symgrad"], pair["fused"]
+    eager_forward = getattr(default, default.__symgrad__["function"]).forward
+    return {
+        "eager": eager_forward,
+        "compile": torch.compile(eager_forward),
+        "symgrad": getattr(default, default.__symgrad__["alias"]),
+        "fused": getattr(fused, fused.__symgrad__["alias"]),
+    }
+
+
+def step(torch, fn, xs, upstream):
+    out = fn(*xs)
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = [upstream if o.dim() else None for o in outs]
+    return torch.autograd.grad(outs, xs, grads)
+
+
+def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float) -> Row:
+    """Time the four variants round-robin, so that load from other processes hits all alike."""
+    row = Row(name, n)
+    try:
+        xs = make_inputs(torch, pair["symgrad"], n)
+        upstream = torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5
+        fns = variants(torch, pair)
+        reference = None
+        for variant, fn in fns.items():
+            start = time.perf_counter()
+            grads = step(torch, fn, xs, upstream)  # first call: compiles where it compiles
+            first = time.perf_counter() - start
+            if variant in ("compile", "fused"):
+                row.compile_s[variant] = first
+            if reference is None:
+                reference = grads
+            else:
+                for got, want in zip(grads, reference):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            del grads
+            row.saved[variant] = saved_bytes(torch, fn, xs)
+            for _ in range(warmup):
+                step(torch, fn, xs, upstream)
+        del reference
+        samples = {variant: [] for variant in fns}
+        for _ in range(repeats):
+            for variant, fn in fns.items():
+                start = time.perf_counter()
+                step(torch, fn, xs, upstream)
+                samples[variant].append((time.perf_counter() - start) * 1e3)
+        for variant, values in samples.items():
+            row.times[variant] = (statistics.median(values), min(values), max(values))
+        row.floor_ms = floor_bytes(pair["symgrad"], n) / bandwidth * 1e3
+    except Exception as exc:  # report, keep going
+        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return row
+
+
+def saved_bytes(torch, fn, xs) -> int:
+    """Bytes of the unique storages autograd saves for backward during one forward."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[(storage.data_ptr(), tensor.device)] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*xs)
+    del out
+    return sum(storages.values())
+
+
+def floor_bytes(module, n: int) -> int:
+    """fwd+bwd traffic no implementation avoids (float32), from the minimal plan."""
+    meta = module.__symgrad__
+    elementwise_outputs = sum(1 for o in meta["outputs"] if o == "elementwise")
+    inputs = len(meta["inputs"])
+    saved = len(meta["saved"])
+    forward = inputs + elementwise_outputs
+    backward = elementwise_outputs + saved + inputs
+    return 4 * n * (forward + backward)
+
+
+def copy_bandwidth(torch, n: int) -> float:
+    """Bytes per second of ``dst.copy_(src)`` (read + write) at N float32 elements."""
+    src, dst = torch.rand(n), torch.empty(n)
+    for _ in range(3):
+        dst.copy_(src)
+    samples = []
+    for _ in range(20):
+        start = time.perf_counter()
+        dst.copy_(src)
+        samples.append(time.perf_counter() - start)
+    return 8 * n / statistics.median(samples)
+
+
+def progress_line(row: Row) -> str:
+    if row.error:
+        return f"  {row.name:<12} ERROR {row.error}"
+    parts = [f"{v} {row.times[v][0]:.2f}" for v in VARIANTS if v in row.times]
+    return f"  {row.name:<12} " + ", ".join(parts) + " ms"
+
+
+def fmt_time(t: tuple[float, float, float]) -> str:
+    return f"{t[0]:.2f} [{t[1]:.2f}-{t[2]:.2f}]"
+
+
+def table(rows: list[Row]) -> str:
+    head = (
+        "| expression | N | eager ms | compile ms | symgrad ms | fused ms | floor ms "
+        "| symgrad/eager | fused/compile | fused/floor | saved MB eager / compile / symgrad / fused | compile s (compile, fused) |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for row in rows:
+        if row.error:
+            lines.append(f"| {row.name} | {row.n:.0e} | error: {row.error} |" + " |" * 10)
+            continue
+        t = row.times
+        saved = " / ".join(f"{row.saved[v] / 1e6:.0f}" for v in VARIANTS)
+        lines.append(
+            f"| {row.name} | {row.n:.0e} | {fmt_time(t['eager'])} | {fmt_time(t['compile'])} | {fmt_time(t['symgrad'])} "
+            f"| {fmt_time(t['fused'])} | {row.floor_ms:.2f} | {t['symgrad'][0] / t['eager'][0]:.2f} "
+            f"| {t['fused'][0] / t['compile'][0]:.2f} | {t['fused'][0] / row.floor_ms:.1f} | {saved} "
+            f"| {row.compile_s['compile']:.1f}, {row.compile_s['fused']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def summary(rows: list[Row]) -> str:
+    ok = [r for r in rows if not r.error]
+    lines = []
+    for n in sorted({r.n for r in ok}):
+        at = [r for r in ok if r.n == n]
+        ratio = {
+            "symgrad/eager time": [r.times["symgrad"][0] / r.times["eager"][0] for r in at],
+            "fused/compile time": [r.times["fused"][0] / r.times["compile"][0] for r in at],
+            "fused/eager time": [r.times["fused"][0] / r.times["eager"][0] for r in at],
+            "symgrad/eager time (min)": [r.times["symgrad"][1] / r.times["eager"][1] for r in at],
+            "fused/compile time (min)": [r.times["fused"][1] / r.times["compile"][1] for r in at],
+            "symgrad/eager saved bytes": [r.saved["symgrad"] / r.saved["eager"] for r in at if r.saved["eager"]],
+            "fused/compile saved bytes": [r.saved["fused"] / r.saved["compile"] for r in at if r.saved["compile"]],
+            "symgrad/floor time": [r.times["symgrad"][0] / r.floor_ms for r in at],
+            "fused/floor time": [r.times["fused"][0] / r.floor_ms for r in at],
+            "compile/floor time": [r.times["compile"][0] / r.floor_ms for r in at],
+        }
+        lines.append(f"N={n:.0e} geometric means over {len(at)} expressions:")
+        for label, values in ratio.items():
+            lines.append(f"  {label:<28} {geomean(values):.2f}  (max {max(values):.2f})" if values else f"  {label}: n/a")
+        slower = [r.name for r in at if r.times["symgrad"][0] > r.times["eager"][0]]
+        heavier = [r.name for r in at if r.saved["symgrad"] > r.saved["eager"]]
+        fused_slower = [r.name for r in at if r.times["fused"][0] > r.times["compile"][0]]
+        lines.append(f"  default slower than eager: {', '.join(slower) or 'none'}")
+        lines.append(f"  default saving more bytes than eager: {', '.join(heavier) or 'none'}")
+        lines.append(f"  fused slower than torch.compile: {', '.join(fused_slower) or 'none'}")
+        targets = [
+            ("default: geomean time <= 0.6x eager", geomean(ratio["symgrad/eager time"]) <= 0.6),
+            ("default: geomean saved bytes <= 0.4x eager", geomean(ratio["symgrad/eager saved bytes"]) <= 0.4),
+            ("default: none slower than eager", not slower),
+            ("default: none saves more than eager", not heavier),
+            ("fused: geomean time <= 0.85x torch.compile", geomean(ratio["fused/compile time"]) <= 0.85),
+            ("fused: none slower than torch.compile", not fused_slower),
+        ]
+        for label, met in targets:
+            lines.append(f"  target {label}: {'met' if met else 'MISSED'}")
+    return "\n".join(lines)
+
+
+def chart(rows: list[Row], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no chart written to {path}")
+        return
+    ok = [r for r in rows if not r.error]
+    sizes = sorted({r.n for r in ok})
+    figure, axes = plt.subplots(len(sizes), 1, figsize=(12, 4 * len(sizes)), squeeze=False)
+    for axis, n in zip(axes[:, 0], sizes):
+        at = [r for r in ok if r.n == n]
+        width = 0.2
+        for k, variant in enumerate(VARIANTS):
+            values = [r.times[variant][0] / r.times["eager"][0] for r in at]
+            axis.bar([i + (k - 1.5) * width for i in range(len(at))], values, width, label=variant)
+        axis.scatter(range(len(at)), [r.floor_ms / r.times["eager"][0] for r in at], marker="_", color="k", s=200, label="bandwidth floor")
+        axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30)
+        axis.set_ylabel("fwd+bwd time / eager")
+        axis.set_title(f"N={n:.0e} float32 CPU")
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    print(f"chart written to {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
