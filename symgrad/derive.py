@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import types
 from dataclasses import dataclass
 
+import mpmath
 import sympy
+from sympy.printing.pycode import MpmathPrinter
 
 from .errors import SymgradError
 from .parse import Parsed
@@ -14,6 +17,9 @@ from .stable import stabilize
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
 # ones it can run for minutes (facts.md), and it rarely pays anyway.
 SIMPLIFY_MAX_OPS = 40
+# ... and not on powers of sums above this exponent: simplify expands them, so a tiny
+# 1000*(x + y + z)**999 would never finish (found by the fuzz campaign).
+SIMPLIFY_MAX_POWER = 8
 
 # Candidate sampling intervals, tried in order; the first on which the function and its
 # gradients are finite and moderate wins. Chosen to suit common domains: all reals,
@@ -78,16 +84,23 @@ def derive(parsed: Parsed) -> Derivation:
 
 
 def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
-    derivative = sympy.diff(expr, symbol)
-    # Dirac deltas (from sign, Heaviside, Max, ...) and the derivatives of floor/ceiling are
-    # zero almost everywhere, which is the gradient autograd uses for these functions.
-    derivative = derivative.replace(lambda e: isinstance(e, sympy.DiracDelta), lambda e: sympy.Integer(0))
-    derivative = derivative.replace(
-        lambda e: isinstance(e, sympy.Derivative) and isinstance(e.expr, (sympy.floor, sympy.ceiling)),
-        lambda e: sympy.Integer(0),
-    )
+    try:
+        derivative = sympy.diff(expr, symbol)
+        # Dirac deltas (from sign, Heaviside, Max, ...) and the derivatives of floor/ceiling are
+        # zero almost everywhere, which is the gradient autograd uses for these functions.
+        derivative = derivative.replace(lambda e: isinstance(e, sympy.DiracDelta), lambda e: sympy.Integer(0))
+        derivative = derivative.replace(
+            lambda e: isinstance(e, sympy.Derivative) and isinstance(e.expr, (sympy.floor, sympy.ceiling)),
+            lambda e: sympy.Integer(0),
+        )
+    except (TypeError, ValueError) as exc:
+        # e.g. floor(log(floor(log(x, 2)), 2)): rebuilding the derivative, SymPy subtracts two
+        # relationals (found by the fuzz campaign)
+        raise SymgradError(f"SymPy cannot differentiate {expr} by {symbol}: {exc}") from None
     if derivative.has(sympy.Derivative, sympy.Subs):
         raise SymgradError(f"SymPy cannot differentiate {expr} by {symbol}")
+    if derivative.has(sympy.I, sympy.zoo, sympy.nan):
+        raise SymgradError(f"the derivative of {expr} by {symbol} is complex or undefined: {derivative}")
     return derivative
 
 
@@ -103,16 +116,37 @@ def cheapest_form(expr: sympy.Expr) -> sympy.Expr:
     a large sum, so its cost grows linearly with the expression.
     """
     candidates = [expr, sympy.factor_terms(expr)]
-    if op_count(expr) <= SIMPLIFY_MAX_OPS:
-        candidates.append(sympy.simplify(expr, ratio=1))
+    if _simplify_is_bounded(expr):
+        candidates.append(_simplified(expr))
     elif isinstance(expr, sympy.Add):
-        terms = [
-            sympy.simplify(term, ratio=1) if op_count(term) <= SIMPLIFY_MAX_OPS else term
-            for term in expr.args
-        ]
-        candidates.append(sympy.Add(*terms))
+        candidates.append(sympy.Add(*(_simplified(t) if _simplify_is_bounded(t) else t for t in expr.args)))
     # Ties go to the earliest candidate, so the choice is deterministic.
     return min(candidates, key=op_count)
+
+
+def _simplified(expr: sympy.Expr) -> sympy.Expr:
+    """``simplify``, or ``expr`` itself where SymPy fails on it: simplification is optional.
+
+    (SymPy raises, e.g. "The argument 'exp(-1)*_rf(1, E)' is not comparable." from Max
+    inside simplify, or a RecursionError on nested Piecewise; found by the fuzz campaign.)
+    """
+    try:
+        return sympy.simplify(expr, ratio=1)
+    except (ValueError, TypeError, ArithmeticError, AttributeError, RecursionError, sympy.polys.polyerrors.PolynomialError):
+        return expr
+
+
+def _simplify_is_bounded(expr: sympy.Expr) -> bool:
+    """Whether ``simplify`` runs in bounded time on ``expr`` (small, no large powers of sums)."""
+    if op_count(expr) > SIMPLIFY_MAX_OPS:
+        return False
+    if expr.has(sympy.gamma, sympy.loggamma, sympy.polygamma):
+        # gammasimp inside simplify ran for minutes on a 30-op derivative with
+        # polygamma(1, cosh(2*x)) (found by the fuzz campaign)
+        return False
+    return not any(
+        p.base.is_Add and p.exp.is_Rational and abs(p.exp) > SIMPLIFY_MAX_POWER for p in expr.atoms(sympy.Pow)
+    )
 
 
 def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, float], ...]:
@@ -128,9 +162,20 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
     if unknown:
         raise SymgradError(f"--domain names {unknown[0]!r}, which is not an input or param")
     exprs = [e for e in derivation.forward] + [g for row in derivation.gradients for g in row if g != 0]
-    evaluate = sympy.lambdify(symbols, exprs, modules="mpmath")
+    try:
+        evaluate = _real_only(
+            sympy.lambdify(symbols, exprs, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
+        )
+    except (TypeError, ValueError, KeyError) as exc:
+        # SymPy folds Piecewise while printing and can meet an undefined branch, e.g.
+        # Max(log(z >= 2.5), x) has log(0) = zoo where z < 2.5 (found by the fuzz campaign).
+        raise SymgradError(
+            f"the function cannot be evaluated numerically ({type(exc).__name__}: {exc}); is it undefined somewhere,"
+            " like log of a 0/1 comparison?"
+        ) from None
     chosen = {s: given.get(s.name, DOMAIN_CANDIDATES[0]) for s in symbols}
-    for _ in range(2):  # a second pass lets each symbol adapt to the others' choices
+    passes = 2  # a second pass lets each symbol adapt to the others' choices
+    for attempt in range(passes):
         for index, symbol in enumerate(symbols):
             if symbol.name in given:
                 continue
@@ -140,16 +185,135 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
                     chosen[symbol] = candidate
                     break
             else:
-                raise SymgradError(
-                    f"could not find an interval where the function and its gradients are finite for"
-                    f" {symbol.name!r}; give one with --domain {symbol.name}=LOW:HIGH"
-                )
+                if attempt == passes - 1 or len(symbols) == 1:
+                    raise SymgradError(
+                        f"could not find an interval where the function and its gradients are finite and at most"
+                        f" {DOMAIN_MAX_ABS:g} in size for {symbol.name!r}; give one with --domain {symbol.name}=LOW:HIGH"
+                    )
+                # else: another symbol's interval may be what is wrong (x*log(y) fails for every
+                # x while y is still on (-3, 3)); the next pass tries again.
     if not _all_moderate(evaluate, [chosen[s] for s in symbols]):
         raise SymgradError(
-            "could not find sampling intervals where the function and its gradients are finite;"
+            f"could not find sampling intervals where the function and its gradients are finite and at most"
+            f" {DOMAIN_MAX_ABS:g} in size;"
             " give them with --domain NAME=LOW:HIGH"
         )
     return tuple((s, *chosen[s]) for s in symbols)
+
+
+# Probe evaluation is in mpmath, whose cost grows with the size of an exponent: sinh of
+# sinh(sinh(30)) (about e**(5e12)) would never finish (found by the fuzz campaign). Values
+# that large are far outside float64 anyway, so the exponential functions and powers
+# refuse them (OverflowError, i.e. "not moderate") instead of computing them.
+PROBE_MAX_EXPONENT = 1e5
+PROBE_MAX_TRIG_ARGUMENT = 1e300  # beyond float64; reducing sin(1e43429) would need a 144k-bit pi
+
+
+def _guard(fn, size, limit):
+    def guarded(*args):
+        magnitude = size(*args)
+        if not mpmath.isfinite(magnitude) or magnitude > limit:
+            raise OverflowError(f"{fn.__name__} argument too large to probe")
+        return fn(*args)
+
+    return guarded
+
+
+def _power_size(base, exponent):
+    if base == 0:
+        return mpmath.mpf(0)
+    return abs(exponent) * abs(mpmath.log(abs(base))) + abs(mpmath.im(exponent))
+
+
+_PROBE_NAMESPACE = {
+    **{name: _guard(getattr(mpmath, name), lambda a: abs(a), PROBE_MAX_EXPONENT)
+       for name in ("exp", "expm1", "sinh", "cosh", "gamma")},
+    **{name: _guard(getattr(mpmath, name), lambda a: abs(a), PROBE_MAX_TRIG_ARGUMENT)
+       for name in ("sin", "cos", "tan", "sec", "csc", "cot")},
+    "_probe_power": _guard(mpmath.power, _power_size, PROBE_MAX_EXPONENT),
+    "_probe_heaviside": lambda x, h0=mpmath.mpf(0.5): mpmath.mpf(0) if x < 0 else (h0 if x == 0 else mpmath.mpf(1)),
+}  # fmt: skip
+
+
+class _ProbePrinter(MpmathPrinter):
+    """mpmath code in which every power goes through the guarded ``_probe_power``."""
+
+    def _print_Pow(self, expr, rational=False):
+        return f"_probe_power({self._print(expr.base)}, {self._print(expr.exp)})"
+
+    # Printed directly: SymPy's own printing may rewrite Max/Min and logic into Piecewise and
+    # conjunctive normal form, which is exponential in the number of conditions (a hang on
+    # Min(Max(...), Min(...), gamma(log(y)) < 0), found by the fuzz campaign).
+    def _print_Heaviside(self, expr):
+        return f"_probe_heaviside({self._print(expr.args[0])})"
+
+    def _print_Max(self, expr):
+        return f"max({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_Min(self, expr):
+        return f"min({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_And(self, expr):
+        return "(" + " and ".join(self._print(a) for a in expr.args) + ")"
+
+    def _print_Or(self, expr):
+        return "(" + " or ".join(self._print(a) for a in expr.args) + ")"
+
+    def _print_Not(self, expr):
+        return f"(not {self._print(expr.args[0])})"
+
+    def _print_Piecewise(self, expr):
+        text = "mpf('nan')"
+        for value, condition in reversed(expr.args):
+            if condition == sympy.true:
+                text = self._print(value)
+            else:
+                text = f"(({self._print(value)}) if ({self._print(condition)}) else ({text}))"
+        return text
+
+
+def _probe_printer() -> _ProbePrinter:
+    # The settings lambdify itself uses for modules="mpmath" (sympy 1.14).
+    names = {name: name for name in _PROBE_NAMESPACE}
+    settings = {"fully_qualified_modules": False, "inline": True, "allow_unknown_functions": True}
+    return _ProbePrinter({**settings, "user_functions": names})
+
+
+def _real_only(evaluate):
+    """Make every function the probe code calls refuse a complex result.
+
+    torch computes over the reals: acos(y)**2 is NaN for y > 1, although in mpmath the
+    complex acos squares to a real number (found by the fuzz campaign). A complex
+    intermediate is therefore "not moderate", like an infinite one, and so is one beyond
+    float64's range.
+    """
+    namespace = evaluate.__globals__
+    functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
+    for name, value in list(namespace.items()):
+        # Only functions: mpmath's constants (pi, e, euler) are callable objects too.
+        if name.startswith("_") and name != "_probe_power" or not isinstance(value, functions):
+            continue
+        namespace[name] = _real_result(value)
+    return evaluate
+
+
+FLOAT64_MAX = 1.7976931348623157e308
+
+
+def _real_result(fn):
+    def real(*args):
+        value = fn(*args)
+        if isinstance(value, mpmath.mpc):
+            if value.imag != 0:
+                raise ValueError("complex intermediate value")
+            value = value.real
+        if isinstance(value, mpmath.mpf) and abs(value) > FLOAT64_MAX:
+            # float64 overflows here even if the end result is moderate in mpmath:
+            # ((7 + y)**1095)**(y - 1) is inf**... in torch (found by the fuzz campaign)
+            raise OverflowError("intermediate value beyond float64")
+        return value
+
+    return real
 
 
 def _all_moderate(evaluate, intervals: list[tuple[float, float]]) -> bool:
@@ -162,7 +326,8 @@ def _all_moderate(evaluate, intervals: list[tuple[float, float]]) -> bool:
         ]
         try:
             values = evaluate(*point)
-        except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+        except (ArithmeticError, ValueError, TypeError, AttributeError):
+            # (mpmath raises AttributeError for e.g. atan2 of a complex intermediate)
             return False
         for value in values:
             try:

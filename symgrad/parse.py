@@ -9,9 +9,14 @@ any work grows with them, so no input can hang symgrad or exhaust memory.
 from __future__ import annotations
 
 import ast
+import builtins
 import difflib
+import keyword
+import re
+import unicodedata
 from dataclasses import dataclass
 
+import mpmath
 import sympy
 
 from .errors import SymgradError
@@ -24,8 +29,30 @@ MAX_DEPTH = 100  # nesting of the expression tree
 MAX_NODES = 5_000  # syntax-tree nodes
 MAX_OUTPUTS = 16
 MAX_INT_DIGITS = 30  # an integer literal
-MAX_EXPONENT = 1_000  # |n| in x**n for a symbolic base
-MAX_CONSTANT_BITS = 4_096  # a constant folded from integer powers
+MAX_EXPONENT = 1_000  # |n| in x**n, and any rational or integer exponent
+MAX_CONSTANT_BITS = 2_048  # an exact integer power a**n is only computed below this size
+MAX_CONSTANT = 1e300  # |c| for every constant subexpression, evaluated in bounded precision
+MIN_CONSTANT = 1e-300  # ... and a nonzero constant below this would vanish in float64
+MAX_EXACT_SPECIAL = 100  # gamma/loggamma/digamma of a larger constant is evaluated numerically
+
+# SymPy evaluates these exactly at integer arguments (gamma(10**9) is a factorial that
+# never finishes), so a large constant argument is evaluated numerically instead.
+_EXACT_AT_INTEGERS = ("gamma", "loggamma", "digamma")
+# Hints for names users coming from SymPy or Python may try.
+_UNKNOWN_HINTS = {
+    "Integral": "unevaluated integrals are not supported; write the integrand's closed form",
+    "integrate": "integration is not supported; write the closed form",
+    "Derivative": "unevaluated derivatives are not supported; symgrad differentiates for you",
+    "diff": "symgrad differentiates for you; write the function itself",
+    "factorial": "use gamma(n + 1)",
+    "ln": "use log(x)",
+    "arctan": "use atan(x)",
+    "pow": "use a**b",
+    "round": "use floor(x + 1/2)",
+    "ceil": "use ceiling(x)",
+    "max": "use Max(a, b, ...)",
+    "min": "use Min(a, b, ...)",
+}
 
 _BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
 _COMPARE = {
@@ -38,26 +65,28 @@ _COMPARE = {
 }
 # Why a construct is refused, in words a user recognises.
 _REFUSED_NODES = {
-    ast.Attribute: "attribute access (a.b)",
-    ast.Subscript: "subscripts (a[i])",
-    ast.Lambda: "lambda",
-    ast.ListComp: "comprehensions",
-    ast.SetComp: "comprehensions",
-    ast.DictComp: "comprehensions",
-    ast.GeneratorExp: "comprehensions",
-    ast.NamedExpr: "assignment expressions (:=)",
-    ast.JoinedStr: "f-strings",
-    ast.FormattedValue: "f-strings",
-    ast.IfExp: "conditional expressions (a if c else b); use Piecewise",
-    ast.List: "lists",
-    ast.Dict: "dicts",
-    ast.Set: "sets",
-    ast.Starred: "starred arguments",
-    ast.Await: "await",
-    ast.Yield: "yield",
-    ast.YieldFrom: "yield",
-    ast.Slice: "slices",
+    ast.Attribute: "attribute access (a.b) is not allowed",
+    ast.Subscript: "subscripts (a[i]) are not allowed",
+    ast.Lambda: "lambda is not allowed",
+    ast.ListComp: "comprehensions are not allowed",
+    ast.SetComp: "comprehensions are not allowed",
+    ast.DictComp: "comprehensions are not allowed",
+    ast.GeneratorExp: "comprehensions are not allowed",
+    ast.NamedExpr: "assignment expressions (:=) are not allowed",
+    ast.JoinedStr: "f-strings are not allowed",
+    ast.FormattedValue: "f-strings are not allowed",
+    ast.IfExp: "conditional expressions (a if c else b) are not allowed; use Piecewise((a, c), (b, True))",
+    ast.List: "lists are not allowed",
+    ast.Dict: "dicts are not allowed",
+    ast.Set: "sets are not allowed",
+    ast.Starred: "starred arguments are not allowed",
+    ast.Await: "await is not allowed",
+    ast.Yield: "yield is not allowed",
+    ast.YieldFrom: "yield is not allowed",
+    ast.Slice: "slices are not allowed",
 }
+_SUPPORTED = "an expression has numbers, names, + - * / **, and calls of supported functions"
+
 _REFUSED_OPERATORS = {
     ast.MatMult: "the @ operator",
     ast.Mod: "the % operator",
@@ -92,9 +121,11 @@ class Parsed:
 
 def parse_spec(spec: Spec) -> Parsed:
     """Parse a spec's expression, inputs, params and surrogate gradients."""
-    outputs = parse_outputs(spec.expr)
+    outputs, written = _parse(spec.expr)
+    # --inputs/--params may name any symbol the text names, even one that cancels (x*y - x*y);
+    # the default inputs are the symbols the outputs still depend on.
+    by_name = {s.name: s for s in written}
     symbols = sorted({s for out in outputs for s in out.expr.free_symbols}, key=lambda s: s.name)
-    by_name = {s.name: s for s in symbols}
     params = _resolve_names(spec.params, by_name, "--params")
     if spec.inputs is None:
         inputs = tuple(s for s in symbols if s not in params)
@@ -120,15 +151,21 @@ def parse_spec(spec: Spec) -> Parsed:
 
 def parse_outputs(text: str) -> tuple[Output, ...]:
     """Parse expression text into one or more outputs (a top-level tuple gives several)."""
-    tree = _syntax_tree(text)
+    return _parse(text)[0]
+
+
+def _parse(text: str) -> tuple[tuple[Output, ...], tuple[sympy.Symbol, ...]]:
+    """The outputs, and every symbol the text names (even one that cancels, as in x - x)."""
+    tree, lead = _syntax_tree(text)
     body = tree.body
     elements = body.elts if isinstance(body, ast.Tuple) else [body]
     if not elements:
         raise SymgradError("the expression is empty")
     if len(elements) > MAX_OUTPUTS:
         raise SymgradError(f"too many outputs ({len(elements)}; the limit is {MAX_OUTPUTS})")
-    builder = _Builder(text)
-    return tuple(builder.output(node) for node in elements)
+    builder = _Builder(text, lead)
+    outputs = tuple(builder.output(node) for node in elements)
+    return outputs, tuple(sorted(builder.symbols.values(), key=lambda s: s.name))
 
 
 def parse_elementwise(text: str, what: str) -> sympy.Expr:
@@ -139,35 +176,87 @@ def parse_elementwise(text: str, what: str) -> sympy.Expr:
     return outputs[0].expr
 
 
-def _syntax_tree(text: str) -> ast.Expression:
+def _syntax_tree(text: str) -> tuple[ast.Expression, int]:
+    """The checked syntax tree of ``text`` and the number of leading blanks stripped."""
     if not isinstance(text, str):
         raise SymgradError(f"the expression must be text, not {type(text).__name__}")
     if len(text) > MAX_LENGTH:
         raise SymgradError(f"the expression is {len(text)} characters long; the limit is {MAX_LENGTH}")
     if not text.strip():
         raise SymgradError("the expression is empty")
-    if "\n" in text.strip() or "\r" in text:
-        raise SymgradError("the expression must be a single line")
+    lead = len(text) - len(text.lstrip())
+    end = len(text.rstrip())
+    for index, char in enumerate(text):
+        if char in "\n\r":
+            if lead < index < end:
+                raise SymgradError(
+                    f"invalid syntax at column {index + 1}: a line break; the expression must be a single line",
+                    caret=_caret(text[:index], index + 1),
+                )
+        elif char != "\t" and unicodedata.category(char) in ("Cc", "Cs"):
+            raise SymgradError(
+                f"invalid syntax at column {index + 1}: invalid character U+{ord(char):04X}",
+                caret=_caret(text, index + 1),
+            )
+    stripped = text.strip()
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(stripped, mode="eval")
     except SyntaxError as exc:
-        column = exc.offset or 1
-        reason = (exc.msg or "invalid syntax").split("(")[0].strip()
+        # For text (not bytes) CPython reports character offsets, 1-based.
+        column = min(max(exc.offset or 1, 1), len(stripped) + 1)
+        column, reason = _explain_syntax_error(stripped, column, (exc.msg or "invalid syntax").strip())
         raise SymgradError(
-            f"invalid syntax at column {column}: {reason}", caret=_caret(text.strip(), column)
+            f"invalid syntax at column {column + lead}: {reason}", caret=_caret(text.rstrip(), column + lead)
         ) from None
-    except (RecursionError, MemoryError, ValueError) as exc:
-        raise SymgradError(f"the expression cannot be parsed: {type(exc).__name__}: too deeply nested or too large") from None
+    except (RecursionError, MemoryError):
+        raise SymgradError(f"the expression is nested too deeply (more than {MAX_DEPTH} levels)") from None
     _check_size(tree)
-    return tree
+    return tree, lead
+
+
+def _explain_syntax_error(text: str, column: int, reason: str) -> tuple[int, str]:
+    """A clearer reason (and column) than CPython's bare "invalid syntax" where we can tell."""
+    first = text.split(maxsplit=1)[0] if text.split() else ""
+    char = text[column - 1] if column <= len(text) else ""
+    if "invalid character" in reason or "non-printable" in reason:
+        return column, f"{reason}; write operators in ASCII (names may use any Unicode letter)"
+    if "nested parentheses" in reason:
+        return column, f"{reason}; expressions may nest at most {MAX_DEPTH} levels"
+    if reason != "invalid syntax":
+        return column, reason
+    if char == ";":
+        return column, "';' starts a second statement; symgrad takes a single expression"
+    if keyword.iskeyword(first) and first not in ("not", "lambda", "True", "False", "None", "await"):
+        return 1, f"'{first}' statements are not allowed; symgrad takes a single expression"
+    assignment = re.search(r"(?<![<>!=])=(?!=)", text)  # a lone "=", not == <= >= !=
+    if assignment:
+        return assignment.start() + 1, "assignment is not allowed; symgrad takes a single expression"
+    try:
+        ast.parse(text + " x", mode="eval")
+    except SyntaxError:
+        return column, "invalid syntax"
+    return len(text) + 1, "the expression ends too early (an operand is missing)"
+
+
+def _width(char: str) -> int:
+    """Terminal columns a character takes: 0 for combining and format characters, 2 for wide ones."""
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
 
 
 def _caret(text: str, column: int) -> str:
-    """Two lines: the expression and a caret under ``column`` (1-based)."""
+    """Two lines: the expression and a caret under ``column`` (1-based, in characters).
+
+    The caret is placed by display width, so it stays under the right character after
+    wide (full-width, CJK) and zero-width characters.
+    """
+    text = "".join(" " if c == "\t" or unicodedata.category(c) in ("Cc", "Cs") else c for c in text)
     if len(text) > 120:
         start = max(0, column - 60)
         text, column = text[start : start + 120], column - start
-    return f"    {text}\n    {' ' * (column - 1)}^"
+    pad = sum(_width(c) for c in text[: column - 1])
+    return f"    {text}\n    {' ' * pad}^"
 
 
 def _check_size(tree: ast.AST) -> None:
@@ -187,17 +276,32 @@ def _check_size(tree: ast.AST) -> None:
 class _Builder:
     """Turns whitelisted syntax nodes into SymPy objects."""
 
-    def __init__(self, text: str) -> None:
-        self._text = text.strip()
-        self._symbols: dict[str, sympy.Symbol] = {}
+    def __init__(self, text: str, lead: int = 0) -> None:
+        self._text = text.rstrip()
+        self._stripped = text.strip()
+        self._encoded = self._stripped.encode("utf-8")
+        self._lead = lead
+        self.symbols: dict[str, sympy.Symbol] = {}
+
+    def column(self, node: ast.AST) -> int | None:
+        """The 1-based character column of ``node`` in the user's text."""
+        offset = getattr(node, "col_offset", None)
+        if offset is None:
+            return None
+        # ast offsets count UTF-8 bytes; users count characters.
+        return self._lead + len(self._encoded[:offset].decode("utf-8", "replace")) + 1
+
+    def source(self, node: ast.AST, limit: int = 40) -> str:
+        """The user's text of ``node``, shortened for a message."""
+        segment = ast.get_source_segment(self._stripped, node) or "?"
+        return segment if len(segment) <= limit else segment[: limit - 3] + "..."
 
     def fail(self, node: ast.AST, message: str) -> SymgradError:
-        column = getattr(node, "col_offset", None)
+        column = self.column(node)
         if column is None:
             return SymgradError(message)
-        # ast offsets count UTF-8 bytes; users count characters.
-        column = len(self._text.encode("utf-8")[:column].decode("utf-8", "replace")) + 1
-        return SymgradError(f"{message} (at column {column})", caret=_caret(self._text, column))
+        # One line (the CLI contract); only syntax errors carry a caret block.
+        return SymgradError(f"{message} (at column {column})")
 
     def output(self, node: ast.AST) -> Output:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REDUCTIONS:
@@ -217,6 +321,51 @@ class _Builder:
         return expr
 
     def expr(self, node: ast.AST) -> sympy.Expr:
+        """The SymPy expression of ``node``; every constant subexpression is checked as it is built."""
+        value = self._expr(node)
+        if isinstance(value, sympy.Expr):
+            if not value.free_symbols:
+                self._check_constant(node, value)
+            elif value.has(sympy.zoo, sympy.oo, -sympy.oo, sympy.nan):
+                # e.g. log of a 0/1 indicator: Piecewise((0, x > 1), (zoo, True))
+                raise self.fail(node, f"{self.source(node)} is infinite or undefined for some inputs")
+        return value
+
+    def _check_constant(self, node: ast.AST, value: sympy.Expr) -> None:
+        """A constant must be real, finite and within float64's range.
+
+        The check evaluates in bounded precision (mpmath under ``evalf``), never exactly,
+        so ``exp(10**20)`` is refused at once instead of hanging later stages.
+        """
+        if value.is_Integer or value.is_Rational:
+            magnitude = abs(value)
+            if magnitude > MAX_CONSTANT or (magnitude != 0 and magnitude < MIN_CONSTANT):
+                raise self._range_error(node, value)
+            return
+        if value.has(sympy.zoo, sympy.oo, -sympy.oo, sympy.nan):
+            raise self.fail(node, f"the constant {self.source(node)} is infinite or undefined (like 1/0 or log(0))")
+        try:
+            approx = value.evalf(17, maxn=200)
+            real, imag = approx.as_real_imag()
+            real, imag = sympy.Float(real, 17), sympy.Float(imag, 17)
+        except (TypeError, ValueError, ArithmeticError, RecursionError, AttributeError):
+            raise self.fail(node, f"the constant {self.source(node)} cannot be evaluated") from None
+        if imag != 0 and abs(imag) > 1e-12 * max(abs(real), 1):
+            raise self.fail(
+                node, f"the constant {self.source(node)} is complex; symgrad works over the real numbers"
+            )
+        if not real.is_finite or abs(real) > MAX_CONSTANT or (real != 0 and abs(real) < MIN_CONSTANT):
+            raise self._range_error(node, real)
+
+    def _range_error(self, node: ast.AST, value: sympy.Expr) -> SymgradError:
+        size = "too large" if abs(value) > 1 else "too small (it would round to 0 in float64)"
+        return self.fail(
+            node,
+            f"the constant {self.source(node)} is {size}: constants must lie within"
+            f" {MIN_CONSTANT:g} <= |c| <= {MAX_CONSTANT:g}",
+        )
+
+    def _expr(self, node: ast.AST) -> sympy.Expr:
         if isinstance(node, ast.Constant):
             return self._constant(node)
         if isinstance(node, ast.Name):
@@ -235,13 +384,13 @@ class _Builder:
             return self._call(node)
         if isinstance(node, ast.Compare):
             # A bare comparison is the 0/1 indicator of its condition.
-            return sympy.Piecewise((1, self.condition(node)), (0, True))
+            return self._build_piecewise(node, [(sympy.Integer(1), self.condition(node)), (sympy.Integer(0), sympy.true)])
         if isinstance(node, ast.Tuple):
             raise self.fail(node, "a tuple is only allowed at the top level (several outputs) or inside Piecewise")
         if isinstance(node, ast.BoolOp):
             raise self.fail(node, "'and'/'or' are only allowed inside a Piecewise condition")
-        what = _REFUSED_NODES.get(type(node), type(node).__name__)
-        raise self.fail(node, f"{what} is not allowed in an expression")
+        what = _REFUSED_NODES.get(type(node), f"{type(node).__name__} is not allowed")
+        raise self.fail(node, f"{what} ({_SUPPORTED})")
 
     def _constant(self, node: ast.Constant) -> sympy.Expr:
         value = node.value
@@ -253,7 +402,7 @@ class _Builder:
             return sympy.Integer(value)
         if isinstance(value, float):
             if value != value or value in (float("inf"), float("-inf")):
-                raise self.fail(node, "the float literal is not finite")
+                raise self.fail(node, f"the float literal {self.source(node)} is not finite (above float64's range)")
             return sympy.Float(repr(value))
         if isinstance(value, complex):
             raise self.fail(node, "complex numbers are not supported: symgrad works over the real numbers")
@@ -265,13 +414,14 @@ class _Builder:
             return CONSTANTS[name]
         if name in REJECTED_NAMES:
             raise self.fail(node, REJECTED_NAMES[name])
-        if name in FUNCTIONS:
+        if name in FUNCTIONS and not hasattr(builtins, name):
+            # (A Python builtin such as sum or abs may name a symbol: issue 2, section 5.)
             raise self.fail(node, f"{name!r} is a function: call it, e.g. {name}(x)")
         if name.startswith("__"):
             raise self.fail(node, f"names starting with '__' are not allowed ({name!r})")
-        if name not in self._symbols:
-            self._symbols[name] = sympy.Symbol(name, real=True)
-        return self._symbols[name]
+        if name not in self.symbols:
+            self.symbols[name] = sympy.Symbol(name, real=True)
+        return self.symbols[name]
 
     def _binary(self, node: ast.BinOp) -> sympy.Expr:
         if type(node.op) not in _BINARY:
@@ -296,17 +446,28 @@ class _Builder:
                 numer, denom = sympy.fraction(base)
                 bits = max(abs(int(numer)).bit_length(), abs(int(denom)).bit_length(), 1)
                 if bits * abs(int(exponent)) > MAX_CONSTANT_BITS:
-                    raise self.fail(node, f"constant too large: the power would exceed {MAX_CONSTANT_BITS} bits")
+                    raise self.fail(
+                        node,
+                        f"the constant {self.source(node)} is too large: constants must lie within"
+                        f" {MIN_CONSTANT:g} <= |c| <= {MAX_CONSTANT:g}",
+                    )
             elif abs(int(exponent)) > MAX_EXPONENT:
-                raise self.fail(node, f"exponent too large (|n| > {MAX_EXPONENT})")
+                raise self._exponent_error(node)
         elif exponent.is_number and exponent.is_Rational:
             if abs(exponent) > MAX_EXPONENT:
-                raise self.fail(node, f"exponent too large (|n| > {MAX_EXPONENT})")
-        elif exponent.is_Float and abs(exponent) > MAX_EXPONENT and not base.is_number:
-            raise self.fail(node, f"exponent too large (|n| > {MAX_EXPONENT})")
+                raise self._exponent_error(node)
+        elif exponent.is_Float and abs(exponent) > MAX_EXPONENT:
+            raise self._exponent_error(node)
         if base == 0 and exponent.is_number and exponent.is_negative:
             raise self.fail(node, "division by zero (0 to a negative power)")
+        if not base.free_symbols and exponent.free_symbols and base.is_negative:
+            raise self.fail(
+                node, f"{self.source(node)} is complex for most values: a negative constant to a variable power"
+            )
         return sympy.Pow(base, exponent)
+
+    def _exponent_error(self, node: ast.AST) -> SymgradError:
+        return self.fail(node, f"the exponent in {self.source(node)} is too large (the limit is |n| <= {MAX_EXPONENT})")
 
     def _call_args(self, node: ast.Call, arity: tuple[int, ...] | None) -> list[ast.AST]:
         name = node.func.id  # type: ignore[attr-defined]
@@ -326,15 +487,40 @@ class _Builder:
         name = node.func.id
         entry = FUNCTIONS.get(name)
         if entry is None:
+            if name.startswith("__"):
+                raise self.fail(node, f"names starting with '__' are not allowed ({name!r})")
             close = difflib.get_close_matches(name, sorted(FUNCTIONS), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            if name in _UNKNOWN_HINTS:
+                hint = f"; {_UNKNOWN_HINTS[name]}"
             raise self.fail(node, f"unknown function {name!r}{hint} (symgrad --list-functions shows all)")
         if name in REDUCTIONS:
             raise self.fail(node, f"{name}() must wrap a whole output, e.g. {name}(x**2)")
         args = self._call_args(node, entry.arity)
         if name == "Piecewise":
             return self._piecewise(node, args)
-        return entry.build(*(self.expr(arg) for arg in args))
+        values = [self.expr(arg) for arg in args]
+        if name == "log" and len(values) == 2:
+            base = values[1]
+            if not base.free_symbols and (base.is_positive is False or base == 1):
+                raise self.fail(args[1], f"the base of log(x, b) must be positive and not 1, got {self.source(args[1])}")
+        if name in _EXACT_AT_INTEGERS and not values[0].free_symbols:
+            argument = values[0].evalf(17)
+            if argument.is_real and abs(argument) > MAX_EXACT_SPECIAL:
+                # Exact evaluation would not finish: evaluate numerically (checked by expr()).
+                try:
+                    with mpmath.workprec(64):
+                        value = getattr(mpmath, name)(argument._to_mpmath(64))
+                except (ValueError, ZeroDivisionError, ArithmeticError):
+                    value = mpmath.nan  # a pole
+                if isinstance(value, mpmath.mpc):
+                    raise self.fail(node, f"the constant {self.source(node)} is complex; symgrad works over the real numbers")
+                return sympy.Float(value, 17) if mpmath.isfinite(value) else sympy.nan
+        try:
+            return entry.build(*values)
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            # e.g. SymPy's Max/Min refuse arguments they cannot compare
+            raise self.fail(node, f"cannot build {self.source(node)}: {exc}") from None
 
     def _piecewise(self, node: ast.Call, args: list[ast.AST]) -> sympy.Expr:
         pairs = []
@@ -344,7 +530,14 @@ class _Builder:
             pairs.append((self.expr(arg.elts[0]), self.condition(arg.elts[1])))
         if pairs[-1][1] is not sympy.true:
             raise self.fail(node, "Piecewise needs a final (value, True) branch, so it is defined everywhere")
-        return sympy.Piecewise(*pairs)
+        return self._build_piecewise(node, pairs)
+
+    def _build_piecewise(self, node: ast.AST, pairs: list) -> sympy.Expr:
+        try:
+            return sympy.Piecewise(*pairs)
+        except (TypeError, ValueError) as exc:
+            # SymPy folds conditions while building and refuses e.g. a comparison with zoo
+            raise self.fail(node, f"cannot build {self.source(node)}: {exc}") from None
 
     def condition(self, node: ast.AST) -> sympy.logic.boolalg.Boolean:
         if isinstance(node, ast.Constant) and isinstance(node.value, bool):
@@ -355,7 +548,10 @@ class _Builder:
             for op, left, right in zip(node.ops, terms, terms[1:]):
                 if type(op) not in _COMPARE:
                     raise self.fail(node, "only <, <=, >, >=, == and != comparisons are allowed")
-                parts.append(_COMPARE[type(op)](left, right))
+                try:
+                    parts.append(_COMPARE[type(op)](left, right))
+                except TypeError as exc:  # SymPy refuses to compare a complex or undefined value
+                    raise self.fail(node, f"cannot compare in {self.source(node)}: {exc}") from None
             return sympy.And(*parts)
         if isinstance(node, ast.BoolOp):
             combine = sympy.And if isinstance(node.op, ast.And) else sympy.Or

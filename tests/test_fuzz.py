@@ -1,0 +1,446 @@
+"""Property-based tests: random expression trees over the whole supported grammar.
+
+Every drawn expression must either be refused with a ``SymgradError`` (a one-line message
+that says why) or generate a module that imports and passes ``gradcheck`` in float64 at
+points drawn from its own ``__symgrad__["domain"]``. Any other exception is a bug.
+
+Kinks. ``gradcheck`` compares against finite differences, which are wrong within ``eps``
+of a kink or jump (``Abs``, ``sign``, ``Max``/``Min``, ``floor``, ``Heaviside``,
+``Piecewise`` boundaries, bare comparisons, ``atan2``'s branch cut). Such a failure is an
+artefact of where the test sampled, not a bug. So:
+
+* :func:`test_smooth_expression_passes_gradcheck` draws from the smooth part of the grammar
+  only, and gradcheck must pass at every sampled point.
+* :func:`test_any_expression_generates_or_refuses` draws from the whole grammar; the
+  module must import and run, and gradcheck must pass at sampled points that lie at least
+  :data:`KINK_MARGIN` (in the kink's own argument) away from every kink of the expression.
+  Points are resampled until that holds; if none is found the example is discarded.
+
+The forward is also compared with an independent mpmath evaluation of the parsed
+expression at the same points (:func:`check_forward`).
+
+Known bugs in files owned elsewhere (:data:`KNOWN_BUGS`) are recognised by their
+signature, collected while the property runs, and the test then xfails naming them; any
+other failure fails the test.
+
+Profiles: ``ci`` (the default; bounded and derandomized, so CI is deterministic) and
+``campaign`` (thousands of examples; ``HYPOTHESIS_PROFILE=campaign``). The long campaign
+with per-expression timeouts and counts is ``scripts/fuzz_campaign.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import traceback
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+from torch.autograd.gradcheck import GradcheckError
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+import symgrad
+from symgrad import SymgradError
+from symgrad.functions import FUNCTIONS, REDUCTIONS
+from symgrad.parse import parse_outputs
+
+settings.register_profile(
+    "ci",
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    # Shrinking a failing tree can take minutes; CI reports the drawn example as it is.
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "campaign",
+    max_examples=3000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+NAMES = ("x", "y", "z")
+# Functions with a kink or jump somewhere (or atan2's branch cut); everything else in the
+# table is smooth on the domain symgrad derives for it.
+KINKED = frozenset({"Abs", "abs", "sign", "Heaviside", "floor", "ceiling", "Max", "Min", "Piecewise", "atan2"})
+_SPECIAL = frozenset({"Piecewise", "Max", "Min", "log"} | set(REDUCTIONS))  # drawn by their own rules
+CONSTANTS = ("0", "1", "2", "3", "7", "1/2", "3/2", "2/3", "0.5", "2.5", "1e-3", "pi", "E", "10")
+EXPONENTS = ("2", "3", "(-1)", "(-2)", "(1/2)", "(3/2)", "0.5", "4")
+COMPARISONS = ("<", "<=", ">", ">=")
+MAX_DEPTH = 4
+KINK_MARGIN = 1e-3  # gradcheck's eps is 1e-6: a kink this far away is never straddled
+HANG_GUARD_S = 300  # a single example running this long is a hang (a bug), not slowness
+
+
+def table_functions(smooth: bool) -> tuple[tuple[str, int], ...]:
+    """(name, arity) of every plain function in symgrad's table (the smooth ones if ``smooth``)."""
+    found = []
+    for name, entry in sorted(FUNCTIONS.items()):
+        if name in _SPECIAL or (smooth and name in KINKED):
+            continue
+        found.append((name, min(entry.arity or (1,))))
+    return tuple(found)
+
+
+def _paren(text: str) -> str:
+    return f"({text})"
+
+
+@st.composite
+def trees(draw, names: tuple[str, ...], smooth: bool, depth: int = MAX_DEPTH) -> str:
+    """A random expression tree over ``names``, rendered to text (every operand parenthesised)."""
+    if depth == 0 or draw(st.integers(0, 4)) == 0:
+        if draw(st.integers(0, 3)):  # mostly symbols: constants alone are only ever refused
+            return draw(st.sampled_from(names))
+        return draw(st.sampled_from(CONSTANTS))
+    child = trees(names, smooth, depth - 1)
+    kinds = ["binary", "binary", "function", "function", "power", "negate", "log_base"]
+    if not smooth:
+        kinds += ["max_min", "piecewise", "comparison"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "binary":
+        return f"{_paren(draw(child))} {draw(st.sampled_from('+-*/'))} {_paren(draw(child))}"
+    if kind == "function":
+        name, arity = draw(st.sampled_from(table_functions(smooth)))
+        return f"{name}({', '.join(draw(child) for _ in range(arity))})"
+    if kind == "power":
+        exponent = draw(st.one_of(st.sampled_from(EXPONENTS), child.map(_paren)))
+        return f"{_paren(draw(child))}**{exponent}"
+    if kind == "negate":
+        return f"-{_paren(draw(child))}"
+    if kind == "log_base":
+        return f"log({draw(child)}, {draw(st.sampled_from(('2', '10', 'E', '1/2')))})"
+    if kind == "max_min":
+        args = draw(st.lists(child, min_size=1, max_size=3))
+        return f"{draw(st.sampled_from(('Max', 'Min')))}({', '.join(args)})"
+    if kind == "piecewise":
+        branches = draw(st.lists(st.tuples(child, conditions(names, depth - 1)), min_size=0, max_size=2))
+        return "Piecewise(" + "".join(f"({v}, {c}), " for v, c in branches) + f"({draw(child)}, True))"
+    # a bare comparison is its 0/1 indicator (and/or/not exist only inside Piecewise)
+    return f"({_paren(draw(child))} {draw(st.sampled_from(COMPARISONS))} {_paren(draw(child))})"
+
+
+@st.composite
+def conditions(draw, names: tuple[str, ...], depth: int) -> str:
+    """A Piecewise condition: comparisons (chained too), combined with and/or/not."""
+    child = trees(names, False, max(depth - 1, 0))
+    kind = draw(st.sampled_from(("compare", "compare", "chain", "and_or", "not")))
+    if kind == "compare":
+        return f"{_paren(draw(child))} {draw(st.sampled_from(COMPARISONS))} {_paren(draw(child))}"
+    if kind == "chain":
+        ops = draw(st.lists(st.sampled_from(("<", "<=")), min_size=2, max_size=2))
+        return f"{_paren(draw(child))} {ops[0]} {_paren(draw(child))} {ops[1]} {_paren(draw(child))}"
+    inner = conditions(names, max(depth - 1, 0))
+    if kind == "and_or":
+        return f"({draw(inner)}) {draw(st.sampled_from(('and', 'or')))} ({draw(inner)})"
+    return f"not ({draw(inner)})"
+
+
+@st.composite
+def expressions(draw, smooth: bool = False) -> tuple[str, tuple[str, ...]]:
+    """(text, names): one to three inputs; a tuple of outputs or a sum/mean sometimes."""
+    names = NAMES[: draw(st.integers(1, 3))]
+    outputs = []
+    for _ in range(draw(st.sampled_from((1, 1, 1, 2)))):
+        text = draw(trees(names, smooth))
+        wrap = draw(st.sampled_from((None, None, None, None, "sum", "mean")))
+        outputs.append(f"{wrap}({text})" if wrap else text)
+    return ", ".join(outputs), names
+
+
+# -- checking one expression ---------------------------------------------------------------
+
+
+class Refused(Exception):
+    """generate_source refused the expression with a SymgradError (an allowed outcome)."""
+
+
+class KinkArtefact(Exception):
+    """No sample point away from the kinks could be found (the example is not informative)."""
+
+
+@contextmanager
+def hang_guard(seconds: int = HANG_GUARD_S):
+    """Turn a hang into a test failure (SIGALRM; a no-op where unavailable)."""
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise AssertionError(f"symgrad hung: one expression ran for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def generate(text: str) -> str:
+    """The module source, or :class:`Refused`; anything else propagates (a bug)."""
+    try:
+        return symgrad.generate_source(text, "Fuzzed")
+    except SymgradError as exc:
+        message = str(exc)
+        assert message and "\n" not in message, f"a SymgradError message must be one line: {message!r}"
+        raise Refused(message) from None
+
+
+def import_source(source: str, directory: Path):
+    """Write ``source`` into ``directory`` and import it under a unique name."""
+    name = f"symgrad_fuzzed_{uuid.uuid4().hex}"
+    path = directory / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _kink_arguments(text: str) -> list[sympy.Expr]:
+    """Expressions whose zeros are the kinks and jumps of the function ``text``."""
+    found = []
+    for out in parse_outputs(text):
+        for node in sympy.preorder_traversal(out.expr):
+            if isinstance(node, (sympy.Abs, sympy.sign, sympy.Heaviside)):
+                found.append(node.args[0])
+            elif isinstance(node, (sympy.floor, sympy.ceiling)):
+                arg = node.args[0]
+                found.append(arg - sympy.floor(arg + sympy.Rational(1, 2)))  # distance to an integer
+            elif isinstance(node, (sympy.Max, sympy.Min)):
+                found.extend(a - b for a, b in itertools.combinations(node.args, 2))
+            elif isinstance(node, sympy.core.relational.Relational):
+                found.append(node.lhs - node.rhs)
+            elif isinstance(node, sympy.atan2):
+                found.extend(node.args)  # its branch cut is y = 0, x < 0
+    return found
+
+
+def _far_from_kinks(kinks, symbols, values: list[torch.Tensor]) -> bool:
+    if not kinks:
+        return True
+    evaluate = sympy.lambdify(symbols, kinks, modules="mpmath")
+    for k in range(values[0].shape[0]):
+        point = [float(v[k]) for v in values]
+        try:
+            distances = evaluate(*point)
+        except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+            return False
+        for d in distances:
+            d = complex(d)
+            if not (math.isfinite(d.real) and abs(d.imag) < KINK_MARGIN and abs(d.real) > KINK_MARGIN):
+                return False
+    return True
+
+
+class ForwardMismatch(AssertionError):
+    """The generated forward disagrees with an independent mpmath evaluation of the expression."""
+
+
+def check_forward(text: str, symbols, args: list[torch.Tensor], outputs) -> None:
+    """Compare the module's forward with mpmath on the parsed expression, point by point."""
+    parsed = parse_outputs(text)
+    evaluate = sympy.lambdify(symbols, [o.expr for o in parsed], modules="mpmath")
+    for index, (out, got) in enumerate(zip(parsed, outputs)):
+        want = []
+        for k in range(args[0].shape[0]):
+            try:
+                value = complex(evaluate(*[float(a.detach()[k]) for a in args])[index])
+            except (ArithmeticError, ValueError, TypeError, AttributeError):
+                return  # no reference here (e.g. a complex intermediate): nothing to compare
+            if value.imag != 0:
+                return
+            want.append(value.real)
+        want = torch.tensor(want, dtype=torch.float64)
+        if out.reduction is not None:
+            want = getattr(want, out.reduction)()
+        got = got.detach()
+        if not torch.allclose(got, want, rtol=1e-6, atol=1e-9, equal_nan=True):
+            raise ForwardMismatch(f"{text}: output {index} is {got.tolist()}, mpmath says {want.tolist()}")
+
+
+def check_expression(text: str, directory: Path, seed: int, smooth: bool) -> str:
+    """The contract for one expression; returns "passed" or raises Refused/KinkArtefact/AssertionError."""
+    source = generate(text)
+    try:
+        return _check_module(text, source, directory, seed, smooth)
+    except Exception as exc:
+        exc.symgrad_source = source  # for known_bug()
+        raise
+
+
+def _check_module(text: str, source: str, directory: Path, seed: int, smooth: bool) -> str:
+    module = import_source(source, directory)
+    try:
+        meta = module.__symgrad__
+        fn = getattr(module, meta["alias"])
+        generator = torch.Generator().manual_seed(seed)
+        kinks = [] if smooth else _kink_arguments(text)
+        symbols = [sympy.Symbol(n, real=True) for n in meta["inputs"]]
+        for _attempt in range(20):
+            args = []
+            for name in meta["inputs"]:
+                low, high = meta["domain"][name]
+                args.append(low + (high - low) * torch.rand(3, generator=generator, dtype=torch.float64))
+            if _far_from_kinks(kinks, symbols, args):
+                break
+        else:
+            raise KinkArtefact(text)
+        args = [a.requires_grad_(True) for a in args]
+        params = list(meta["params"].values())
+        dead = set(meta["nondifferentiable"])
+
+        def differentiable(*inputs):
+            out = fn(*inputs, *params)
+            out = out if isinstance(out, tuple) else (out,)
+            return tuple(o for k, o in enumerate(out) if k not in dead)
+
+        outputs = differentiable(*args)
+        for out in outputs:
+            assert out.dtype == torch.float64, f"{text}: output dtype {out.dtype}"
+        with torch.no_grad():
+            everything = fn(*args, *params)
+        check_forward(text, symbols, args, everything if isinstance(everything, tuple) else (everything,))
+        if outputs:
+            assert torch.autograd.gradcheck(differentiable, tuple(args), raise_exception=True)
+        return "passed"
+    finally:
+        sys.modules.pop(module.__name__, None)
+
+
+# -- known bugs in files owned elsewhere (reported; each xfails by name, nothing else) ------
+
+KNOWN_BUGS = {
+    "plan-nfloat-boolean": "plan.py calls sympy.nfloat on a Piecewise whose condition is And/Or/Not:"
+    " AttributeError: 'And' object has no attribute 'n'",
+    "printer-pow-precedence": "printer.py does not parenthesise compound bases and exponents of **: (a**b)**c"
+    " prints as a**b ** (c), a**(1/t) as a ** 1 / t, Heaviside(z)**k as 0.5 * (torch.sign(z) + 1) ** k",
+    "printer-constant-argument": "printer.py prints a torch function of a Python number (torch.sqrt(10),"
+    " torch.atan2(3.14, x)): TypeError: argument must be Tensor",
+    "stable-safe-point-polynomial": "stable.py _safe_point calls sympy.Poly on a non-polynomial condition:"
+    " PolynomialError: ... contains an element of the set of generators",
+    "stable-removable-probe-unbounded": "stable_functions.py _bounded_and_continuous_at_zero probes in mpmath"
+    " without bounds: MemoryError on cosh(cosh(9/x)), a hang on cos(cosh(logaddexp(3/2, z)*(1e-3/z)))",
+    "stable-singular-symbols-compare": "stable.py _singular_symbols compares an exponent that is zoo/nan:"
+    " TypeError: Invalid comparison of non-real zoo / ValueError: The argument 'zoo' is not comparable",
+    "plan-inplace-alias": "plan.py's in-place backward aliases a temporary (t3 = t2) and then mutates it"
+    " while it is still needed, or mutates a saved tensor (wrong gradient / version-counter RuntimeError)",
+    "printer-full-like-bool": "a constant Piecewise branch is printed as torch.full_like(COND, c) where COND is"
+    " the bool condition tensor, so c becomes True (1.0): wrong gradient values",
+    "printer-nan": "printer.py prints a nan branch of a derivative Piecewise as the undefined name nan",
+}
+
+
+def known_bug(exc: BaseException) -> str | None:
+    """The name of the known bug ``exc`` is an instance of, or None."""
+    text = str(exc)
+    source = getattr(exc, "symgrad_source", "")
+    if isinstance(exc, AttributeError) and "has no attribute 'n'" in text:
+        return "plan-nfloat-boolean"
+    if isinstance(exc, TypeError) and "must be Tensor, not" in text:
+        return "printer-constant-argument"
+    if type(exc).__name__ == "PolynomialError" and "set of generators" in text:
+        return "stable-safe-point-polynomial"
+    if isinstance(exc, RuntimeError) and "modified by an inplace operation" in text:
+        return "plan-inplace-alias"
+    frames = [(Path(f.filename).name, f.name) for f in traceback.extract_tb(exc.__traceback__)]
+    if isinstance(exc, (MemoryError, AssertionError)) and ("stable_functions.py", "_bounded_and_continuous_at_zero") in frames:
+        return "stable-removable-probe-unbounded"  # (AssertionError: the hang guard fired there)
+    if isinstance(exc, (TypeError, ValueError)) and ("stable.py", "_singular_symbols") in frames:
+        return "stable-singular-symbols-compare"
+    if isinstance(exc, NameError) and "'nan'" in text:
+        return "printer-nan"
+    if isinstance(exc, (GradcheckError, ForwardMismatch)) and re.search(
+        r"\*\* ?\(?-?[\w.]+\)? ?(\*\*|\*|/) ", source
+    ):  # a ** b ** c, a ** 1 / t, a ** 0.5 * (...): an unparenthesised compound exponent or base
+        return "printer-pow-precedence"
+    if isinstance(exc, (GradcheckError, ForwardMismatch)) and any(
+        re.search(rf"^\s*{name} = .*(<|>|==|!=)", source, re.MULTILINE)
+        for name in re.findall(r"torch\.full_like\((\w+),", source)
+    ):
+        return "printer-full-like-bool"
+    if isinstance(exc, (GradcheckError, ForwardMismatch)) and re.search(
+        r"0\.5\s*\*\s*\(torch\.sign\([^\n]*\)\s*\+\s*1\)\s*\*\*", source
+    ):
+        return "printer-pow-precedence"  # Heaviside's printed form 0.5 * (sign(z) + 1) as a base
+    if isinstance(exc, GradcheckError) and re.search(r"^\s*t\d+ = t\d+$", source, re.MULTILINE):
+        return "plan-inplace-alias"
+    return None
+
+
+def run_property(prop) -> None:
+    """Run a hypothesis property; known bugs are collected while it runs, then xfail by name."""
+    hits: dict[str, str] = {}
+    prop(hits)
+    if hits:
+        pytest.xfail("known bugs hit (reported, owned elsewhere): " + "; ".join(
+            f"{name} [{KNOWN_BUGS[name]}], e.g. {example!r}" for name, example in sorted(hits.items())
+        ))  # fmt: skip
+
+
+def _one(text: str, seed: int, smooth: bool, hits: dict[str, str], workdir: Path) -> None:
+    with hang_guard():
+        try:
+            check_expression(text, workdir, seed, smooth=smooth)
+        except Refused:
+            pass
+        except KinkArtefact:
+            assume(False)
+        except Exception as exc:
+            name = known_bug(exc)
+            if name is None:
+                raise
+            hits.setdefault(name, text)
+
+
+# -- the properties ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    with tempfile.TemporaryDirectory(prefix="symgrad-fuzz-") as directory:
+        yield Path(directory)
+
+
+def test_smooth_expression_passes_gradcheck(workdir):
+    @given(case=expressions(smooth=True), seed=st.integers(0, 2**31 - 1))
+    def prop(hits, case, seed):
+        _one(case[0], seed, True, hits, workdir)
+
+    run_property(prop)
+
+
+def test_any_expression_generates_or_refuses(workdir):
+    @given(case=expressions(smooth=False), seed=st.integers(0, 2**31 - 1))
+    def prop(hits, case, seed):
+        _one(case[0], seed, False, hits, workdir)
+
+    run_property(prop)
+
+
+def test_grammar_reaches_every_supported_function():
+    """The grammar draws every function in symgrad's table, so nothing is left unfuzzed."""
+    drawn = {name for name, _ in table_functions(smooth=False)} | _SPECIAL
+    assert drawn == set(FUNCTIONS)
+    assert not {name for name, _ in table_functions(smooth=True)} & KINKED

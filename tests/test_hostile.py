@@ -1,0 +1,341 @@
+"""Hostile input (issue 6): every case is generated correctly or refused with SymgradError,
+through the API, and a subset through the CLI (exit 2, one error line, nothing written).
+
+Nothing here measures time. A CLI case runs under a subprocess timeout and an API case
+under an alarm, so that a hang fails the test instead of stalling CI; both limits are
+far above what a case takes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import resource
+import signal
+import subprocess
+import sys
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+
+import symgrad
+from symgrad import SymgradError
+from symgrad.parse import MAX_DEPTH, MAX_LENGTH
+
+HANG_LIMIT_S = 20  # per case: a hang detector, not a performance assertion
+MEMORY_LIMIT = 4 << 30  # address space for a CLI run: refusing must not need more
+
+# Injection of every shape: never evaluated, always refused.
+INJECTION = [
+    "__import__('os').system('touch pwned')",
+    "__import__",
+    "__builtins__",
+    "x.__class__.__mro__[1].__subclasses__()",
+    "x.__class__",
+    "().__class__.__bases__[0]",
+    "x.real.imag.conjugate",
+    "getattr(x, '__class__')",
+    "eval('__import__(\"os\")')",
+    "exec('import os')",
+    "compile('1', 'f', 'eval')",
+    "sympify('x')",
+    "parse_expr('x')",
+    "open('/etc/passwd')",
+    "globals()",
+    "vars()",
+    "breakpoint()",
+    "(lambda: __import__('os'))()",
+    "lambda x: x",
+    "[c for c in ().__class__.__bases__]",
+    "{k: v for k, v in x}",
+    "(x for x in y)",
+    "(y := __import__('os'))",
+    "f'{__import__(\"os\").system(\"ls\")}'",
+    "x[0]",
+    "x[::-1]",
+    "x @ y",
+    "x; import os",
+    "x; __import__('os').system('ls')",
+    "import os",
+    "x if __import__('os') else y",
+    "Symbol('x')",
+    "Function('f')(x)",
+    "exp(x, evaluate=False)",
+    "exp(*[x])",
+    "Max(**{'x': 1})",
+    "x.__add__(1)",
+    "＿＿import＿＿('os')",  # full-width underscores: NFKC-normalised to __import__
+]
+
+# Huge constants and exponents: refused at once, never evaluated exactly.
+HUGE = [
+    "2**10**10",
+    "9**9**9",
+    "9**9**9*x",
+    "factorial(10**9)",
+    "gamma(10**9)*x",
+    "loggamma(10**20)*x",
+    "x**(10**100)",
+    "x**10**10",
+    "10**10**10*x",
+    "x*10**10**10",
+    "(x+1)**(10**6)",
+    "exp(10**20)*x",
+    "exp(-10**20)*x",
+    "exp(exp(exp(10)))*x",
+    "sinh(sinh(sinh(10*x)))",
+    "x**1e308",
+    "1e309*x",
+    "2.0**10000*x",
+    "pi**(10**10)*x",
+    "E**(10**10)*x",
+    "1" * 40 + "*x",
+    "(x+y+z)**1000",
+]
+
+# Deep nesting: refused with a clear message, never a RecursionError.
+NESTING = [
+    "(" * 3000 + "x" + ")" * 3000,
+    "-(" * (MAX_DEPTH + 20) + "x" + ")" * (MAX_DEPTH + 20),
+    "sin(" * 3000 + "x" + ")" * 3000,
+    "sin(" * (MAX_DEPTH + 20) + "x" + ")" * (MAX_DEPTH + 20),
+    "x*" + "-" * 3000 + "x",
+    "x" + "**x" * 3000,
+    "+".join(["x"] * 3000),
+    "Max(" * 1000 + "x" + ", 1)" * 1000,
+    "Piecewise((" * 500 + "x" + ", x > 0), (0, True))" * 500,
+]
+
+# Megabyte-long expressions (API only: the CLI argument limit is 128 KiB).
+MEGABYTE = [
+    "x+" * 500_000 + "x",
+    " " * 1_000_000 + "x",
+    "x" * 1_000_000,
+    "x" + " " * 1_000_000,
+    "1" * 1_000_000,
+    "(" * 500_000 + "x" + ")" * 500_000,
+    "#" * 1_000_000,
+    "x + 0" + "0" * 1_000_000,
+]
+
+# Unicode: zero-width and other invisible characters are refused with their column.
+UNICODE_REFUSED = [
+    "x\u200b+1",  # zero-width space
+    "x+\u200d1",  # zero-width joiner
+    "\ufeffx",  # byte-order mark
+    "x\u2062y",  # invisible times
+    "x\u00a0+ 1",  # no-break space
+    "ｘ＋１",  # full-width plus: not an operator
+    "x＊y",
+    "x²",
+    "x\x00",
+    "x\ud800",  # lone surrogate
+    "x\u202e+1",  # right-to-left override
+    "x\n+1",
+    "x\r+1",
+]
+
+# Complex, infinite and undefined values.
+NOT_REAL = [
+    "I*x",
+    "x + 1j",
+    "x*(1+2j)",
+    "sqrt(-1)*x",
+    "(-1)**(1/2)*x",
+    "log(-1)*x",
+    "(-2)**x",
+    "oo*x",
+    "-oo + x",
+    "zoo + x",
+    "nan*x",
+    "x/0",
+    "log(0)*x",
+    "atan2(0, 0)*x",
+    "log((x > 1), 2)",
+]
+
+UNEVALUATED = [
+    "Integral(x, x)",
+    "Integral(x**2, (x, 0, 1))",
+    "Derivative(x**2, x)",
+    "diff(x**2, x)",
+    "integrate(x, x)",
+    "Sum(x, (x, 0, 10))",
+    "Limit(x, x, 0)",
+]
+
+REFUSED = INJECTION + HUGE + NESTING + UNICODE_REFUSED + NOT_REAL + UNEVALUATED
+
+# Accepted hostile-looking input: generated correctly (checked against torch).
+ACCEPTED = [
+    ("ｓｉｎ(ｘ)", lambda x: torch.sin(x)),  # full-width letters: NFKC-normalised to sin(x)
+    ("ℯｘｐ(ｘ)", None),  # mixed: "ℯ" NFKC-normalises to e
+    ("x**1000**(1/1000)", None),
+    ("exp(x)**3", lambda x: torch.exp(x) ** 3),
+    ("x**100", lambda x: x**100),
+    ("x + 1  # ; import os", lambda x: x + 1),
+    ("\tx*2 ", lambda x: 2 * x),
+    ("sin(10**29)*x", lambda x: float(sympy.sin(sympy.Integer(10) ** 29).evalf(20)) * x),  # not float(1e29)
+    ("digamma(10**6)*x", lambda x: torch.special.digamma(torch.tensor(1e6, dtype=torch.float64)) * x),
+    ("x__y*x", None),
+    ("x**(1/10**30)", None),
+    ("(" * 150 + "x" + ")" * 150, lambda x: x),  # redundant parentheses do not nest the tree
+]
+
+
+@contextmanager
+def hang_guard(seconds: int = HANG_LIMIT_S):
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise AssertionError(f"hung: no answer after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _id(text: str) -> str:
+    return ascii(text[:30]) + (f"...{len(text)}" if len(text) > 30 else "")
+
+
+@pytest.mark.parametrize("text", REFUSED + MEGABYTE, ids=[_id(t) for t in REFUSED + MEGABYTE])
+def test_api_refuses(text, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with hang_guard(), pytest.raises(SymgradError) as info:
+        symgrad.generate_source(text, "Hostile")
+    message = str(info.value)
+    assert message and "\n" not in message
+    assert "Traceback" not in message
+    assert list(tmp_path.iterdir()) == []  # nothing ran: no "pwned" file, nothing written
+
+
+@pytest.mark.parametrize("text", MEGABYTE, ids=[_id(t) for t in MEGABYTE])
+def test_megabyte_is_refused_for_its_length(text):
+    with pytest.raises(SymgradError, match=f"the limit is {MAX_LENGTH}"):
+        symgrad.generate_source(text, "Hostile")
+
+
+@pytest.mark.parametrize("text, reference", ACCEPTED, ids=[_id(t) for t, _ in ACCEPTED])
+def test_api_generates_correctly(text, reference, tmp_path):
+    with hang_guard():
+        source = symgrad.generate_source(text, "Hostile")
+    name = f"hostile_{uuid.uuid4().hex}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        meta = module.__symgrad__
+        args = []
+        for input_name in meta["inputs"]:
+            low, high = meta["domain"][input_name]
+            args.append(torch.linspace(low, high, 5, dtype=torch.float64) * 0.9 + 0.05 * (low + high))
+        out = getattr(module, meta["alias"])(*args)
+        assert torch.isfinite(out).all()
+        if reference is not None:
+            torch.testing.assert_close(out, reference(*args))
+    finally:
+        del sys.modules[name]
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+# One of each family (the API tests above cover every case; each CLI run is a process).
+CLI_CASES = [
+    "__import__('os').system('touch pwned')",
+    "x.__class__",
+    "eval('1')",
+    "[i for i in x]",
+    "x[0]",
+    "x; import os",
+    "9**9**9",
+    "x**(10**100)",
+    "(" * 3000 + "x" + ")" * 3000,
+    "x*" + "-" * 3000 + "x",
+    "x+" * 60_000 + "x",  # 120 KB: under the 128 KiB argument limit
+    "x\u200b+1",
+    "I*x",
+    "zoo + x",
+    "Integral(x, x)",
+]
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def run_cli(text: str, cwd: Path) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "symgrad", text, "--name", "Hostile", "--out", "out"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=HANG_LIMIT_S,
+            preexec_fn=_limit_memory if sys.platform.startswith("linux") else None,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"symgrad hung on {text[:60]!r}: no exit after {HANG_LIMIT_S} s")
+
+
+def _width(char: str) -> int:
+    import unicodedata
+
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+@pytest.mark.parametrize("text", CLI_CASES, ids=[_id(t) for t in CLI_CASES])
+def test_cli_refuses_with_one_line(text, tmp_path):
+    result = run_cli(text, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("symgrad: error: ")
+    assert "Traceback" not in result.stderr
+    if "invalid syntax" not in lines[0]:
+        assert len(lines) == 1, result.stderr
+    else:  # the caret block: the expression, and a caret under the column
+        assert len(lines) == 3, result.stderr
+        shown, caret = lines[1], lines[2]
+        assert shown.startswith("    ") and caret.strip() == "^"
+        column = int(re.search(r"column (\d+)", lines[0]).group(1))
+        if len(text) <= 120:
+            assert shown == "    " + text
+            assert len(caret) - 1 == 4 + sum(_width(c) for c in text[: column - 1])
+    assert list(tmp_path.iterdir()) == []  # no out/, no "pwned"
+
+
+@pytest.mark.parametrize(
+    "text, column, char",
+    [("x +* 2", 4, "*"), ("sin(x) + y +* 1", 13, "*"), ("é + ü +* 1", 8, "*"), ("x; import os", 2, ";")],
+)
+def test_cli_caret_is_under_the_column(text, column, char, tmp_path):
+    result = run_cli(text, tmp_path)
+    message, shown, caret = result.stderr.splitlines()
+    assert f"column {column}" in message
+    assert shown[4:][column - 1] == char
+    assert len(caret) - 1 == 4 + column - 1  # these characters are one column wide
+
+
+def test_cli_full_width_caret(tmp_path):
+    result = run_cli("ｘ＋１", tmp_path)
+    message, shown, caret = result.stderr.splitlines()
+    assert "column 2" in message
+    assert caret == "    " + "  " + "^"  # under ＋, after the two-column ｘ
