@@ -66,9 +66,8 @@ def source_for_spec(spec: Spec, base_dir: str | Path | None = None) -> str:
         templates = os.path.normpath(Path(base_dir).resolve() / templates)
     directory = template_dir(templates)
     body = render(plan, directory)
-    header = Header(
-        spec=spec, version=__version__, template=template_name(plan), fingerprint=template_fingerprint(directory)
-    )
+    name = template_name(plan)
+    header = Header(spec=spec, version=__version__, template=name, fingerprint=template_fingerprint(directory, name))
     return compose(header, body)
 
 

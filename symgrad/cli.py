@@ -93,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args[:1] == ["build"]:
             options = _build_parser().parse_args(args[1:])
             return build(Path(options.config), force=options.force, check_only=options.check)
-        return _generate(_generate_parser().parse_args(args))
+        parser = _generate_parser()
+        return _generate(parser.parse_args(_expression_last(args)))
     except SymgradError as exc:
         print(f"symgrad: error: {exc}", file=sys.stderr)
         if exc.caret:
@@ -106,6 +107,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"symgrad: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _expression_last(args: list[str]) -> list[str]:
+    """Let an expression start with a minus sign.
+
+    argparse reads ``-x**2`` as an unknown option. symgrad has no short options besides
+    ``-h``, so any other argument that starts with a single "-" is the expression (an
+    option's value never is: none of ours starts with "-"); it is moved behind "--".
+    """
+    if "--" in args:
+        return args
+    for index, arg in enumerate(args):
+        if arg.startswith("-") and not arg.startswith("--") and arg not in ("-", "-h"):
+            return args[:index] + args[index + 1 :] + ["--", arg]
+    return args
 
 
 def _generate(options: argparse.Namespace) -> int:

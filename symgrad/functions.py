@@ -14,6 +14,8 @@ from typing import Callable
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
+from .stable_functions import hypot, logaddexp, sigmoid, softplus, xlogy
+
 # Where a function's argument must lie, for sampling test inputs. OpInfo-style domains.
 POSITIVE = "positive"  # arg > 0
 NONZERO = "nonzero"  # arg != 0
@@ -85,6 +87,13 @@ FUNCTIONS: dict[str, Entry] = {
         _unary("gamma", sympy.gamma, "torch.lgamma + sign", note="exp(lgamma(x)) with the sign of gamma"),
         _unary("loggamma", sympy.loggamma, "torch.lgamma", POSITIVE),
         _unary("digamma", sympy.digamma, "torch.special.digamma"),
+        # Stable functions (symgrad.stable_functions); symgrad also rewrites their naive
+        # spellings (log(1+exp(x)), 1/(1+exp(-x)), ...) into them.
+        _unary("sigmoid", sigmoid, "torch.sigmoid", note="1/(1+exp(-x)); its gradient stays exact in the tails"),
+        _unary("softplus", softplus, "torch.nn.functional.softplus", note="log(1+exp(x)), threshold 40"),
+        Entry("logaddexp", logaddexp, (2,), "torch.logaddexp", note="log(exp(a)+exp(b))"),
+        Entry("hypot", hypot, (2,), "torch.hypot", note="sqrt(a**2+b**2)"),
+        Entry("xlogy", xlogy, (2,), "torch.xlogy", note="x*log(y), 0 where x = 0"),
         # Reductions are handled by the parser itself (they may only wrap a whole output).
         Entry("sum", lambda arg: arg, (1,), "Tensor.sum", note="whole-tensor, outermost only"),
         Entry("mean", lambda arg: arg, (1,), "Tensor.mean", note="whole-tensor, outermost only"),

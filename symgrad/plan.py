@@ -10,12 +10,11 @@ import textwrap
 from dataclasses import dataclass
 
 import sympy
-from sympy.codegen.cfunctions import expm1, log1p
 
 from .derive import Derivation, op_count
 from .errors import SymgradError
 from .naming import RESERVED, Namer, check_class_name
-from .printer import print_torch
+from .printer import numbers_to_floats, print_torch
 
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is
@@ -123,156 +122,6 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     return _Names(symbols, public, results, grad_outputs, grads, tangents, namer.numbered("t"), namer)
 
 
-# In-place twins of the torch functions the printer uses for these SymPy classes
-# (printer.PRINTERS prints each as torch.<name>(arg)); "sigmoid" is symgrad's own class.
-_INPLACE_METHODS: dict[object, str] = {
-    sympy.exp: "exp_",
-    sympy.log: "log_",
-    log1p: "log1p_",
-    expm1: "expm1_",
-    sympy.sin: "sin_",
-    sympy.cos: "cos_",
-    sympy.tan: "tan_",
-    sympy.sinh: "sinh_",
-    sympy.cosh: "cosh_",
-    sympy.tanh: "tanh_",
-    sympy.atan: "atan_",
-    sympy.erf: "erf_",
-    sympy.erfc: "erfc_",
-    "sigmoid": "sigmoid_",
-}
-
-
-def _inplace_method(node: sympy.Basic) -> str | None:
-    if not isinstance(node, sympy.Function) or len(node.args) != 1:
-        return None
-    return _INPLACE_METHODS.get(type(node)) or _INPLACE_METHODS.get(type(node).__name__)
-
-
-class _InPlace:
-    """Straight-line code for one expression that updates fresh temporaries in place.
-
-    Backward without create_graph needs no graph, so ``a * b + c`` can run as
-    ``t = a * b; t.add_(c)``: one buffer instead of two, fewer passes over memory. Only
-    tensors created here are modified ("owned"); inputs, saved tensors and CSE
-    temporaries are read only. Callers use it only where every tensor has the same
-    shape (one input, no params), so an in-place op never needs to broadcast its target.
-    """
-
-    def __init__(self, builder: "_Builder") -> None:
-        self.b = builder
-        self.lines: list[str] = []
-
-    def new(self) -> str:
-        return next(self.b.names.temporaries)
-
-    def code(self, node: sympy.Basic) -> str:
-        return self.b.code(node)
-
-    @staticmethod
-    def leaf(node: sympy.Basic) -> bool:
-        return node.is_Symbol or node.is_number
-
-    def assign(self, text: str) -> str:
-        name = self.new()
-        self.lines.append(f"{name} = {text}")
-        return name
-
-    def value(self, node: sympy.Basic) -> tuple[str, bool]:
-        """The name (or literal) holding ``node``, and whether this code owns it."""
-        if self.leaf(node):
-            return self.code(node), False
-        if isinstance(node, sympy.Add):
-            return self.add(node), True
-        if isinstance(node, sympy.Mul):
-            return self.mul(node), True
-        if isinstance(node, sympy.Pow):
-            return self.pow(node)
-        method = _inplace_method(node)
-        if method is not None:
-            (arg,) = node.args
-            if self.leaf(arg):
-                return self.assign(self.code(node)), True
-            name, owned = self.value(arg)
-            if owned:
-                self.lines.append(f"{name}.{method}()")
-                return name, True
-            return self.assign(self.code(node.func(self.symbol(name)))), True
-        # Anything else (Piecewise, Min/Max, symgrad's stable functions) is printed as
-        # it stands; its result might alias an argument, so it is never modified.
-        return self.assign(self.code(node)), False
-
-    def symbol(self, name: str) -> sympy.Symbol:
-        symbol = sympy.Dummy(name, real=True)
-        self.b.names.symbols[symbol] = name
-        return symbol
-
-    def add(self, node: sympy.Add) -> str:
-        terms = list(node.args)
-        start = next((k for k, t in enumerate(terms) if not self.leaf(t)), None)
-        if start is None:
-            return self.assign(self.code(node))  # leaves only: one fresh result
-        acc, owned = self.value(terms[start])
-        if not owned:
-            acc = self.assign(f"{acc}.clone()")
-        for k, term in enumerate(terms):
-            if k == start:
-                continue
-            coefficient, rest = term.as_coeff_Mul()
-            if rest.is_Symbol and coefficient != 1:
-                self.lines.append(f"{acc}.add_({self.code(rest)}, alpha={self.code(coefficient)})")
-            else:
-                self.lines.append(f"{acc}.add_({self.value(term)[0]})")
-        return acc
-
-    def mul(self, node: sympy.Mul) -> str:
-        coefficient, rest = node.as_coeff_Mul()
-        factors = list(sympy.Mul.make_args(rest))
-        divisors = [f for f in factors if isinstance(f, sympy.Pow) and f.exp.is_Integer and f.exp < 0]
-        numerators = [f for f in factors if f not in divisors]
-        start = next((k for k, f in enumerate(numerators) if not self.leaf(f)), None)
-        if start is not None:
-            acc, owned = self.value(numerators.pop(start))
-            if not owned:
-                acc = self.assign(f"{acc}.clone()")
-        elif numerators:
-            # Leaves only: the coefficient goes into the first (allocating) product.
-            acc = self.assign(self.code(coefficient * numerators.pop(0)))
-            coefficient = sympy.Integer(1)
-        else:
-            acc = self.assign(self.code(coefficient * divisors.pop(0)))
-            coefficient = sympy.Integer(1)
-        for factor in numerators:
-            self.lines.append(f"{acc}.mul_({self.value(factor)[0]})")
-        for divisor in divisors:
-            base, power = divisor.base, -divisor.exp
-            self.lines.append(f"{acc}.div_({self.value(base if power == 1 else base**power)[0]})")
-        if coefficient == -1:
-            self.lines.append(f"{acc}.neg_()")
-        elif coefficient != 1:
-            self.lines.append(f"{acc}.mul_({self.code(coefficient)})")
-        return acc
-
-    def pow(self, node: sympy.Pow) -> tuple[str, bool]:
-        base, exponent = node.args
-        if self.leaf(base) or not exponent.is_number:
-            return self.assign(self.code(node)), True
-        name, owned = self.value(base)
-        if not owned:
-            return self.assign(self.code(self.symbol(name) ** exponent)), True
-        if exponent == -1:
-            self.lines.append(f"{name}.reciprocal_()")
-        elif exponent == sympy.S.Half:
-            self.lines.append(f"{name}.sqrt_()")
-        elif exponent == -sympy.S.Half:
-            self.lines.append(f"{name}.rsqrt_()")
-        elif exponent == 2:
-            self.lines.append(f"{name}.square_()")
-        else:
-            self.lines.append(f"{name}.pow_({self.code(exponent)})")
-        return name, True
-
-
 def _fused_names(alias: str) -> dict[str, str]:
     """Module-level names used only by fused modules."""
     return {
@@ -353,8 +202,17 @@ class _Builder:
         return print_torch(expr, self.names.symbols)
 
     def cse(self, exprs: list[sympy.Expr]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], list[sympy.Expr]]:
-        exprs = [sympy.nfloat(e, n=17, exponent=False) for e in exprs]
+        exprs = [numbers_to_floats(e) for e in exprs]
         temps, reduced = sympy.cse(exprs, symbols=_SymbolStream(self.names), order="canonical")
+        # A condition stays inline: as a temporary it would be a bool tensor, and a
+        # Piecewise with number branches anchors its dtype on the condition's tensors.
+        conditions = {t: e for t, e in temps if isinstance(e, sympy.logic.boolalg.Boolean) and not e.is_Symbol}
+        if conditions:
+            inline = lambda e: e.xreplace(conditions)  # noqa: E731
+            for _ in range(len(conditions)):  # conditions may refer to conditions
+                conditions = {t: inline(e) for t, e in conditions.items()}
+            temps = [(t, inline(e)) for t, e in temps if t not in conditions]
+            reduced = [inline(e) for e in reduced]
         return temps, reduced
 
     def tensorize(self, exprs: list[sympy.Expr], reference: str) -> list[str]:
@@ -508,10 +366,17 @@ class _Builder:
 
     def setup_context(self, saved: list[sympy.Symbol]) -> Method:
         lines = []
-        args = self.forward_params()
-        lines.append(f"{_unpack(args)} = inputs")
+        uses_inputs = (
+            any(s in self.inputs for s in saved) or self.saved_params() or self.broadcasts
+            or any(out.reduction and live for out, live in zip(self.outputs, self.live))
+        )
+        if uses_inputs:
+            lines.append(f"{_unpack(self.forward_params())} = inputs")
         results = [self.name(r) for r in self.names.results]
-        if any(r in saved for r in self.names.results) or not all(self.live) or self.needs_output_shapes():
+        elementwise_shapes = self.broadcasts and any(
+            out.reduction is None and live for out, live in zip(self.outputs, self.live)
+        )
+        if any(r in saved for r in self.names.results) or not all(self.live) or elementwise_shapes:
             lines.append(f"{_unpack(results)} = output" if self.n_out > 1 else f"{results[0]} = output")
         dead = [results[i] for i, live in enumerate(self.live) if not live]
         if dead:
@@ -519,10 +384,13 @@ class _Builder:
             lines.append(f"ctx.mark_non_differentiable({', '.join(dead)})")
         lines += self.shape_lines()
         lines += self.save_lines("save_for_backward", saved)
-        return Method(("ctx", "inputs", "output"), tuple(lines), "")
+        return Method(("ctx", "inputs", "output"), tuple(lines or ["pass"]), "")
 
-    def needs_output_shapes(self) -> bool:
-        return self.broadcasts or any(o.reduction for o in self.outputs)
+    def shape_attr(self, output: int) -> str:
+        """The ctx attribute with output ``output``'s shape; for a reduction, the shape of
+        the elementwise expression it reduces."""
+        result = self.name(self.names.results[output])
+        return f"{result}_elementwise_shape" if self.outputs[output].reduction else f"{result}_shape"
 
     def shape_lines(self) -> list[str]:
         lines = []
@@ -539,7 +407,7 @@ class _Builder:
                     f"{self.name(s)}.shape" if s in self.inputs else f"getattr({self.name(s)}, 'shape', ())"
                     for s in tensors
                 )
-                lines.append(f"ctx.{result}_shape = torch.broadcast_shapes({shapes})")
+                lines.append(f"ctx.{self.shape_attr(index)} = torch.broadcast_shapes({shapes})")
             elif self.broadcasts:
                 lines.append(f"ctx.{result}_shape = {result}.shape")
         return lines
@@ -600,52 +468,18 @@ class _Builder:
             total = " + ".join(terms)
             if self.broadcasts:
                 total = f"({total}).sum_to_size({self.ctx_ref(self.name(symbol) + '_shape')})"
-            inplace = self.inplace_backward(entries, reduced, j)
-            if inplace is None:
-                lines.append(f"{INDENT}{grad} = {total}")
-                continue
-            body, term = inplace
-            lines.append(f"{INDENT}if torch.is_grad_enabled():")
-            lines.append(f"{INDENT * 2}# create_graph=True: out-of-place ops, so that this is differentiable.")
-            lines.append(f"{INDENT * 2}{grad} = {total}")
-            lines.append(f"{INDENT}else:")
-            lines.append(f"{INDENT * 2}# No graph to keep: fresh temporaries are updated in place.")
-            lines += [f"{INDENT * 2}{line}" for line in body]
-            lines.append(f"{INDENT * 2}{grad} = {term}")
+            lines.append(f"{INDENT}{grad} = {total}")
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
 
-    def inplace_backward(self, entries, reduced, j: int) -> tuple[list[str], str] | None:
-        """In-place lines and the final term for gradient ``j``, where that is safe and pays.
-
-        Only for one input, no params and one output (every tensor has one shape, so an
-        in-place op never broadcasts its target), outside fused bodies (where inductor
-        plans buffers itself), and for expressions of at least two ops.
-        """
-        if self.pure or len(self.inputs) != 1 or self.params or self.n_out != 1:
-            return None
-        mine = [(i, expr) for (i, jj), expr in zip(entries, reduced) if jj == j]
-        if len(mine) != 1:
-            return None
-        output, expr = mine[0]
-        if op_count(expr) < 2 or isinstance(expr, sympy.Piecewise):
-            return None
-        emitter = _InPlace(self)
-        name, owned = emitter.value(expr)
-        if not owned:
-            return None
-        # The upstream gradient is multiplied out of place: under vmap it may be batched
-        # where the fresh temporaries are not.
-        return emitter.lines, self.backward_term(output, emitter.symbol(name))
-
     def backward_term(self, output: int, expr: sympy.Expr) -> str:
         grad_output = self.names.grad_outputs[output]
-        text = grad_output if expr == 1 else f"{grad_output} * {self.code(expr)}"
-        if expr != 1 and isinstance(expr, sympy.Add):
+        text = grad_output if _is_one(expr) else f"{grad_output} * {self.code(expr)}"
+        if not _is_one(expr) and isinstance(expr, sympy.Add):
             text = f"{grad_output} * ({self.code(expr)})"
         reduction = self.outputs[output].reduction
         if reduction is not None:
-            shape = self.ctx_ref(f"{self.name(self.names.results[output])}_shape")
+            shape = self.ctx_ref(self.shape_attr(output))
             text = f"({text}).expand({shape})"
             if reduction == "mean":
                 text = f"{text} / {shape}.numel()"
@@ -655,7 +489,9 @@ class _Builder:
         lines = self.save_lines("save_for_forward", saved)
         if not lines:
             return ()
-        unpack = [f"{_unpack(self.forward_params())} = inputs"]
+        unpack = []
+        if any(s in self.inputs for s in saved) or self.saved_params():
+            unpack.append(f"{_unpack(self.forward_params())} = inputs")
         results = [self.name(r) for r in self.names.results]
         if any(r in saved for r in self.names.results):
             unpack.append(f"{_unpack(results)} = output" if self.n_out > 1 else f"{results[0]} = output")
@@ -684,7 +520,7 @@ class _Builder:
             if single:
                 value = terms[0][1]
                 if out.reduction is not None:
-                    value = f"({value}).expand({self.ctx_ref(result + '_shape')}).{out.reduction}()"
+                    value = f"({value}).expand({self.ctx_ref(self.shape_attr(i))}).{out.reduction}()"
                 lines.append(f"{tangent} = {value}")
             else:
                 lines.append(f"{tangent} = 0")
@@ -692,18 +528,17 @@ class _Builder:
                     lines.append(f"if {self.names.tangents[j]} is not None:")
                     lines.append(f"{INDENT}{tangent} = {tangent} + {term}")
                 # The engine does not broadcast tangents: each must have its output's shape.
+                shape = self.ctx_ref(self.shape_attr(i))
                 if out.reduction is not None:
-                    shape = self.ctx_ref(f"{result}_shape")
                     lines.append(f"{tangent} = torch.as_tensor({tangent}).expand({shape}).{out.reduction}()")
                 else:
-                    shape = self.ctx_ref(f"{result}_shape")
                     lines.append(f"{tangent} = torch.as_tensor({tangent}).expand({shape})")
             returns.append(tangent)
         return Method(("ctx",) + self.names.tangents, tuple(lines), ", ".join(returns))
 
     def jvp_term(self, j: int, expr: sympy.Expr) -> str:
         tangent = self.names.tangents[j]
-        if expr == 1:
+        if _is_one(expr):
             return tangent
         if isinstance(expr, sympy.Add):
             return f"{tangent} * ({self.code(expr)})"
@@ -748,8 +583,8 @@ class _Builder:
         n_tensors = len(saved)
         text = (
             "Saved for backward: " + "; ".join(parts) + "."
-            f" That is {n_tensors} tensor{'s' if n_tensors != 1 else ''} of at most the output's size"
-            f" ({4 * n_tensors} bytes per element in float32)."
+            f" That is {n_tensors} tensor{'s' if n_tensors != 1 else ''}: {4 * n_tensors} bytes per element"
+            " in float32."
         )
         if once:
             text += " The copy is not part of the graph, so double backward is refused."
@@ -813,6 +648,11 @@ def _temp_users(temps, reduced, groups: list[int]) -> dict[sympy.Symbol, set[int
             if symbol in users:
                 users[symbol] |= users[temp]
     return users
+
+
+def _is_one(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` is the number 1 (SymPy's ``Float(1.0) == 1`` is False)."""
+    return bool(expr.is_number) and not expr.free_symbols and float(expr) == 1.0
 
 
 def _unpack(names: list[str] | tuple[str, ...]) -> str:

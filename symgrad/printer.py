@@ -18,6 +18,7 @@ from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from .errors import SymgradError
+from .stable_functions import guard, hypot, logaddexp, ndtr, sigmoid, softplus, xlogy
 
 Args = list[str]
 
@@ -72,11 +73,33 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     sympy.gamma: _gamma,
     sympy.loggamma: _call("torch.lgamma"),
     sympy.polygamma: _polygamma,
+    # symgrad.stable_functions: torch's own stable kernels. softplus's threshold (where
+    # it returns x itself) is raised from 20 to 40, where exp(-x) is below float64's
+    # rounding of x; below it, log1p(exp(x)) cannot overflow in float32.
+    softplus: lambda args: f"torch.nn.functional.softplus({args[0]}, threshold=40.0)",
+    sigmoid: _call("torch.sigmoid"),
+    # Not torch.special.ndtr: in torch 2.13 it returns 0 below about -10 (and loses all
+    # accuracy near -5 in float32); erfc of the negated, scaled argument keeps both tails.
+    ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {args[0]})",
+    logaddexp: _call("torch.logaddexp"),
+    hypot: _call("torch.hypot"),
+    xlogy: _call("torch.xlogy"),
+    # guard(x, cond, safe): the inner where of the "double where" (stable._guard_piecewise).
+    guard: lambda args: f"torch.where({args[1]}, {args[0]}, {args[2]})",
 }
+
+
+# Functions whose torch kernel takes no Python number (stable_functions' classes say so
+# themselves, in ``tensor_args``).
+_TENSOR_ARGS: dict[type, tuple[int, ...]] = {sympy.atan2: (0, 1)}
 
 
 class TorchPrinter(StrPrinter):
     """Prints a SymPy expression as torch code over the given variable names."""
+
+    # Not StrPrinter's "_sympystr": a class's own str() (stable_functions.Removable shows
+    # its closed form) must not replace its torch spelling.
+    printmethod = "_symgrad_torch"
 
     def __init__(self, names: dict[sympy.Symbol, str]) -> None:
         super().__init__({"order": "none"})
@@ -114,21 +137,52 @@ class TorchPrinter(StrPrinter):
         if exponent == -sympy.S.Half:
             return f"torch.rsqrt({self._print(base)})"
         if exponent == -1:
-            return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=False)}"
-        power = PRECEDENCE["Pow"]
-        base_text = self.parenthesize(base, power, strict=True)
-        if base.is_number and not base.is_Integer:
-            base_text = f"({self._print(base)})"
-        exp_text = self._print(exponent) if exponent.is_Integer and exponent >= 0 else self.parenthesize(exponent, power, strict=True)
-        if exponent.is_number and exponent.is_negative:
-            exp_text = f"({self._print(exponent)})"
-        return f"{base_text} ** {exp_text}"
+            return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
+        # Python's ** binds tighter than unary minus and associates to the right, so
+        # anything but a name, a call or a non-negative number is parenthesised, on both
+        # sides: (x**y)**t, x**(1/t), (-2.0)**x.
+        return f"{self._pow_operand(base)} ** {self._pow_operand(exponent)}"
+
+    def _pow_operand(self, expr: sympy.Expr) -> str:
+        text = self._print(expr)
+        simple = expr.is_Symbol or isinstance(expr, sympy.Function) or (
+            expr.is_Number and not expr.is_negative and expr.is_Integer
+        )
+        return text if simple else f"({text})"
+
+    def _print_NaN(self, expr: sympy.Expr) -> str:
+        return 'float("nan")'
+
+    def _print_Infinity(self, expr: sympy.Expr) -> str:
+        return 'float("inf")'
+
+    def _print_NegativeInfinity(self, expr: sympy.Expr) -> str:
+        return '(-float("inf"))'
+
+    _print_ComplexInfinity = _print_NaN  # undefined over the reals
 
     def _print_Function(self, expr: sympy.Function) -> str:
+        args = [self._print(arg) for arg in expr.args]
+        tensor_args = getattr(expr, "tensor_args", None) or _TENSOR_ARGS.get(type(expr), ())
+        if tensor_args:
+            # torch.hypot/logaddexp take no Python numbers: a number argument becomes a
+            # tensor like another argument (same dtype and device).
+            anchor = next((args[i] for i, a in enumerate(expr.args) if not a.is_number), None)
+            args = [
+                f"torch.full_like({anchor}, {text})" if i in tensor_args and a.is_number and anchor else text
+                for i, (a, text) in enumerate(zip(expr.args, args))
+            ]
+        torch_code = getattr(type(expr), "torch_code", None)
+        if torch_code is not None:  # generated families (stable_functions.Removable)
+            return torch_code(self, args)
         printer = PRINTERS.get(type(expr))
         if printer is None:
             raise SymgradError(f"symgrad cannot print {type(expr).__name__} as torch code")
-        return printer([self._print(arg) for arg in expr.args])
+        return printer(args)
+
+    # StrPrinter prints Heaviside itself (as "Heaviside(x)"); every function goes through
+    # PRINTERS instead.
+    _print_Heaviside = _print_Function
 
     def _print_MinMax(self, expr: sympy.Expr, tensor_fn: str, clamp_bound: str) -> str:
         numbers = [a for a in expr.args if a.is_number]
@@ -185,7 +239,31 @@ class TorchPrinter(StrPrinter):
 
 
 def print_torch(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
-    """Print ``expr`` as torch code, with symbols printed as ``names[symbol]``."""
-    return TorchPrinter(names).doprint(expr)
+    """Print ``expr`` as torch code, with symbols printed as ``names[symbol]``.
+
+    Constants become floats first (``2*x/3`` prints as ``0.6666666666666666*x``,
+    ``sqrt(10)*x`` as ``3.1622776601683795*x``), as plan.py's CSE input already does;
+    exponents stay exact.
+    """
+    return TorchPrinter(names).doprint(numbers_to_floats(expr))
 
 
+def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
+    """Constant subexpressions other than integers become 17-digit Floats, except in
+    exponents (``x**(1/3)`` stays a root).
+
+    A Python float follows the tensors' dtype and device, while ``torch.sqrt(10)`` would
+    be a TypeError. Like ``sympy.nfloat(exponent=False)``, which fails on And/Or conditions.
+    """
+    if isinstance(expr, sympy.Expr) and expr.is_number and not expr.is_Integer and not expr.is_Float:
+        try:
+            return sympy.Float(expr.evalf(17), 17)
+        except (TypeError, ValueError):  # not a real number: leave it to the printer to refuse
+            return expr
+    if expr.is_Atom or not expr.args:
+        return expr
+    if expr.is_Pow:
+        exponent = expr.exp if expr.exp.is_Rational else numbers_to_floats(expr.exp)
+        return sympy.Pow(numbers_to_floats(expr.base), exponent)
+    args = tuple(numbers_to_floats(a) for a in expr.args)
+    return expr.func(*args) if args != expr.args else expr

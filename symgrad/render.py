@@ -48,12 +48,15 @@ def template_name(plan: Plan) -> str:
     return FUSED_TEMPLATE if plan.fused is not None else FUNCTION_TEMPLATE
 
 
-def template_fingerprint(directory: Path) -> str:
-    """A short hash of every template in ``directory``: changes when any template does."""
-    digest = hashlib.sha256()
-    for path in sorted(directory.glob("*.jinja")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+def template_fingerprint(directory: Path, name: str) -> str:
+    """A short hash of the template ``name`` in ``directory``.
+
+    Only the template a file is rendered from counts, so editing another template does
+    not make every generated file stale. Line endings are normalised, so a checkout that
+    converts them does not either.
+    """
+    text = (directory / name).read_bytes().replace(b"\r\n", b"\n")
+    return hashlib.sha256(name.encode() + b"\0" + text).hexdigest()[:16]
 
 
 def render(plan: Plan, directory: Path) -> str:

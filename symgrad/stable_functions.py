@@ -1,0 +1,568 @@
+"""SymPy functions with numerically stable torch kernels, for :mod:`symgrad.stable`.
+
+Each is a :class:`sympy.Function` with an exact ``fdiff`` (so gradients and double
+gradients stay symbolic and correct), an mpmath implementation (``_imp_``, which
+``lambdify(..., "mpmath")`` and ``evalf`` use), and a torch spelling in
+:data:`symgrad.printer.PRINTERS` (or, for the generated families below, a ``torch_code``
+method the printer calls).
+
+- ``softplus(u) = log(1 + exp(u))``            -> ``torch.nn.functional.softplus``
+- ``sigmoid(u) = 1 / (1 + exp(-u))``           -> ``torch.sigmoid``
+- ``logaddexp(a, b) = log(exp(a) + exp(b))``   -> ``torch.logaddexp``
+- ``hypot(a, b) = sqrt(a**2 + b**2)``          -> ``torch.hypot``
+- ``xlogy(x, y) = x*log(y)`` (0 where x = 0)   -> ``torch.xlogy``
+- ``ndtr(u) = (1 + erf(u/sqrt(2)))/2``          -> ``0.5*torch.special.erfc(-u/sqrt(2))``
+- ``guard(x, cond, safe)``: ``x`` where ``cond`` holds, else ``safe``: the inner half of
+  the "double where" that keeps an untaken Piecewise branch finite.
+- :func:`removable`: ``f(x)`` with a removable singularity at 0 (``sin(x)/x``), printed as
+  a Taylor polynomial near 0 and the closed form (at a guarded argument) elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import mpmath
+import sympy
+from sympy.core.function import ArgumentIndexError
+
+
+def _mp(value):
+    """An mpmath number from a SymPy number or a Python/mpmath number."""
+    if isinstance(value, sympy.Basic):
+        value = sympy.N(value, mpmath.mp.dps + 5)
+        if value.is_real:
+            return mpmath.mpf(value._to_mpmath(mpmath.mp.prec))
+        re, im = value.as_real_imag()
+        return mpmath.mpc(sympy.Float(re)._to_mpmath(mpmath.mp.prec), sympy.Float(im)._to_mpmath(mpmath.mp.prec))
+    return mpmath.mpmathify(value)
+
+
+class StableFunction(sympy.Function):
+    """Base: real for real arguments, numeric evaluation through ``_imp_``."""
+
+    #: positions of arguments that must be tensors in torch (numbers get ``full_like``)
+    tensor_args: tuple[int, ...] = ()
+
+    def _eval_is_extended_real(self):
+        return True if all(a.is_extended_real for a in self.args if isinstance(a, sympy.Expr)) else None
+
+    def _eval_is_finite(self):
+        return None
+
+    def _eval_evalf(self, prec):
+        if not all(isinstance(a, sympy.Expr) and a.is_number for a in self.args):
+            return None
+        with mpmath.workprec(prec + 30):
+            value = type(self)._imp_(*[_mp(a) for a in self.args])
+        with mpmath.workprec(prec):
+            if isinstance(value, mpmath.mpc):
+                return sympy.Float(value.real, precision=prec) + sympy.I * sympy.Float(value.imag, precision=prec)
+            return sympy.Float(value, precision=prec)
+
+    def elementary(self) -> sympy.Expr:
+        """The same function in SymPy's elementary functions (for series and tests)."""
+        raise NotImplementedError
+
+
+class softplus(StableFunction):  # noqa: N801 (SymPy's naming)
+    """``log(1 + exp(u))``."""
+
+    nargs = 1
+
+    @staticmethod
+    def _imp_(u):
+        u = mpmath.mpmathify(u)
+        if isinstance(u, mpmath.mpf) and u > 0:
+            return u + mpmath.log1p(mpmath.exp(-u))
+        return mpmath.log1p(mpmath.exp(u))
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        return sigmoid(self.args[0])
+
+    def _eval_is_positive(self):
+        return True if self.args[0].is_extended_real else None
+
+    def elementary(self):
+        return sympy.log(1 + sympy.exp(self.args[0]))
+
+
+class sigmoid(StableFunction):  # noqa: N801
+    """``1 / (1 + exp(-u))``."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, u):
+        if u == 0:
+            return sympy.S.Half
+
+    @staticmethod
+    def _imp_(u):
+        return 1 / (1 + mpmath.exp(-mpmath.mpmathify(u)))
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        u = self.args[0]
+        return sigmoid(u) * sigmoid(-u)
+
+    def _eval_is_positive(self):
+        return True if self.args[0].is_extended_real else None
+
+    def elementary(self):
+        return 1 / (1 + sympy.exp(-self.args[0]))
+
+
+class ndtr(StableFunction):  # noqa: N801
+    """The standard normal CDF ``(1 + erf(u/sqrt(2)))/2``, accurate in both tails.
+
+    SymPy rewrites ``erfc(-u)`` to ``2 - erfc(u)``, which cancels for large ``u``; this
+    function keeps the tail form (``torch.special.ndtr`` uses ``erfc`` there).
+    """
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, u):
+        if u == 0:
+            return sympy.S.Half
+
+    @staticmethod
+    def _imp_(u):
+        u = mpmath.mpmathify(u)
+        return mpmath.erfc(-u / mpmath.sqrt(2)) / 2
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        u = self.args[0]
+        return sympy.exp(-(u**2) / 2) / sympy.sqrt(2 * sympy.pi)
+
+    def _eval_is_positive(self):
+        return True if self.args[0].is_extended_real else None
+
+    def elementary(self):
+        return (1 + sympy.erf(self.args[0] / sympy.sqrt(2))) / 2
+
+
+class logaddexp(StableFunction):  # noqa: N801
+    """``log(exp(a) + exp(b))``."""
+
+    nargs = 2
+    tensor_args = (0, 1)
+
+    @classmethod
+    def eval(cls, a, b):
+        if a == 0:
+            return softplus(b)
+        if b == 0:
+            return softplus(a)
+
+    @staticmethod
+    def _imp_(a, b):
+        a, b = mpmath.mpmathify(a), mpmath.mpmathify(b)
+        if isinstance(a, mpmath.mpf) and isinstance(b, mpmath.mpf):
+            hi, lo = (a, b) if a >= b else (b, a)
+            return hi + mpmath.log1p(mpmath.exp(lo - hi))
+        return mpmath.log(mpmath.exp(a) + mpmath.exp(b))
+
+    def fdiff(self, argindex=1):
+        a, b = self.args
+        if argindex == 1:
+            return sigmoid(a - b)
+        if argindex == 2:
+            return sigmoid(b - a)
+        raise ArgumentIndexError(self, argindex)
+
+    def elementary(self):
+        a, b = self.args
+        return sympy.log(sympy.exp(a) + sympy.exp(b))
+
+
+class hypot(StableFunction):  # noqa: N801
+    """``sqrt(a**2 + b**2)``."""
+
+    nargs = 2
+    tensor_args = (0, 1)
+
+    @staticmethod
+    def _imp_(a, b):
+        a, b = mpmath.mpmathify(a), mpmath.mpmathify(b)
+        if isinstance(a, mpmath.mpf) and isinstance(b, mpmath.mpf):
+            return mpmath.hypot(a, b)
+        return mpmath.sqrt(a**2 + b**2)
+
+    def fdiff(self, argindex=1):
+        if argindex not in (1, 2):
+            raise ArgumentIndexError(self, argindex)
+        return self.args[argindex - 1] / self
+
+    def _eval_is_nonnegative(self):
+        return True if all(a.is_extended_real for a in self.args) else None
+
+    def elementary(self):
+        a, b = self.args
+        return sympy.sqrt(a**2 + b**2)
+
+
+class xlogy(StableFunction):  # noqa: N801
+    """``x*log(y)``, defined as 0 where ``x == 0`` (the limit for ``x*log(x)``)."""
+
+    nargs = 2
+
+    @staticmethod
+    def _imp_(x, y):
+        x, y = mpmath.mpmathify(x), mpmath.mpmathify(y)
+        if x == 0:
+            return mpmath.mpf(0)
+        return x * mpmath.log(y)
+
+    def fdiff(self, argindex=1):
+        x, y = self.args
+        if argindex == 1:
+            return sympy.log(y)
+        if argindex == 2:
+            return x / y
+        raise ArgumentIndexError(self, argindex)
+
+    def elementary(self):
+        x, y = self.args
+        return x * sympy.log(y)
+
+
+class guard(StableFunction):  # noqa: N801
+    """``x`` where ``cond`` holds, else ``safe`` (a value of ``x`` at which ``cond`` holds;
+    a number, or an expression in the other symbols of ``cond``).
+
+    Substituted for a symbol inside a Piecewise branch, it keeps that branch finite
+    where it is not taken, so ``torch.where``'s backward multiplies zeros by finite
+    numbers instead of by inf or NaN (the "double where").
+    """
+
+    nargs = 3
+
+    @classmethod
+    def eval(cls, x, cond, safe):
+        if cond is sympy.true:
+            return x
+        if cond is sympy.false:
+            return safe
+
+    @staticmethod
+    def _imp_(x, cond, safe):
+        return x if cond else mpmath.mpmathify(safe)
+
+    def _eval_evalf(self, prec):
+        return None
+
+    def _eval_derivative(self, s):
+        # The condition is not differentiated (SymPy cannot): it is piecewise constant.
+        x, cond, safe = self.args
+        dx, dsafe = x.diff(s), safe.diff(s)
+        if dx == 0 and dsafe == 0:
+            return sympy.Integer(0)
+        return sympy.Piecewise((dx, cond), (dsafe, True))
+
+    def _eval_is_extended_real(self):
+        return self.args[0].is_extended_real
+
+    def elementary(self):
+        x, cond, safe = self.args
+        return sympy.Piecewise((x, cond), (safe, True))
+
+
+def to_elementary(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with every stable function replaced by its elementary definition."""
+    return expr.replace(lambda e: isinstance(e, StableFunction), lambda e: e.elementary())
+
+
+# -- removable singularities at 0 ---------------------------------------------------------
+
+# A Symbol, not a Dummy: a Dummy's index depends on what ran before, and the class names
+# (hashes of the closed form) must be the same in every process.
+_T = sympy.Symbol("_symgrad_t", real=True)
+_CAUCHY_POINTS = 128
+_DEGREE_MAX = 36
+_REL_TOL = 1e-17  # truncation error allowed, relative to the polynomial's size at eps
+# Thresholds, smallest first: the smallest at which the closed form is accurate in
+# float32 wins (the shortest polynomial); see _choose_eps.
+_EPS_CANDIDATES = (0.125, 0.25, 0.5, 1.0, 2.0)
+_FLOAT32_ULPS = 8  # closed-form error allowed at the threshold, in float32 ulps
+_REMOVABLE_CACHE: dict[str, type] = {}
+
+
+class Removable(StableFunction):
+    """Base of the generated classes ``f(x)`` with a removable singularity at ``x = 0``.
+
+    Each subclass holds ``closed`` (the expression in the dummy ``_T``), ``coeffs`` (Taylor
+    coefficients at 0, as floats, lowest degree first) and ``eps``: for ``|x| < eps`` the
+    Taylor polynomial is used (exact to double precision there), elsewhere the closed form.
+    """
+
+    nargs = 1
+    closed: sympy.Expr
+    coeffs: tuple[float, ...]
+    eps: float
+
+    @classmethod
+    def eval(cls, x):
+        if x.is_zero:
+            return (
+                sympy.Float(cls.coeffs[0]) if cls.coeffs[0] != int(cls.coeffs[0]) else sympy.Integer(int(cls.coeffs[0]))
+            )
+
+    @classmethod
+    def _imp_(cls, x):
+        x = mpmath.mpmathify(x)
+        if abs(x) < mpmath.mpf(cls.eps) / 1000:
+            # Near 0, the series (exact to well below double precision here).
+            return _horner_mp(cls.exact_coeffs, x)
+        with mpmath.extradps(30):  # the closed form cancels near 0
+            value = _lambdified(cls)(x)
+        return +value
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        made = removable(sympy.diff(type(self).closed, _T), _T)
+        if made is None:  # cannot happen for an analytic function; keep it exact anyway
+            raise ArgumentIndexError(self, argindex)
+        return made(self.args[0])
+
+    def elementary(self):
+        return type(self).closed.xreplace({_T: self.args[0]})
+
+    def _sympystr(self, printer) -> str:
+        # Docstrings show the function itself; its value at 0 is the limit.
+        return printer._print(self.elementary())
+
+    @classmethod
+    def torch_code(cls, printer, args: list[str]) -> str:
+        """Taylor polynomial for ``|x| < eps``, closed form at a guarded argument elsewhere."""
+        (x,) = args
+        eps = repr(cls.eps)
+        mask = f"torch.abs({x}) < {eps}"
+        safe = f"torch.where({mask}, {eps}, {x})"
+        closed = printer.__class__({**printer._names, _T: safe}).doprint(cls.closed)
+        return f"torch.where({mask}, {_polynomial_text(cls.coeffs, x)}, {closed})"
+
+
+_LAMBDIFIED: dict[type, object] = {}
+
+
+def _lambdified(cls):
+    if cls not in _LAMBDIFIED:
+        _LAMBDIFIED[cls] = sympy.lambdify(_T, cls.closed, modules="mpmath")
+    return _LAMBDIFIED[cls]
+
+
+def _horner_mp(coeffs, x):
+    total = mpmath.mpf(0)
+    for c in reversed(coeffs):
+        total = total * x + c
+    return total
+
+
+def _polynomial_text(coeffs: tuple[float, ...], x: str) -> str:
+    """``c0 + c1*x + c2*x**2 + ...`` over the nonzero coefficients (flat, so it reads
+    like the series; near 0 the terms decrease fast, so no Horner scheme is needed)."""
+    if not x.isidentifier():
+        x = f"({x})"
+    parts = []
+    for n, c in enumerate(coeffs):
+        if c == 0.0:
+            continue
+        if n == 0:
+            parts.append(repr(c))
+        else:
+            parts.append(f"{c!r} * {x if n == 1 else f'{x} ** {n}'}")
+    if not parts:
+        return f"0.0 * {x}"
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+_ANALYTIC = (
+    sympy.exp,
+    sympy.log,
+    sympy.sin,
+    sympy.cos,
+    sympy.tan,
+    sympy.sinh,
+    sympy.cosh,
+    sympy.tanh,
+    sympy.atan,
+    sympy.asinh,
+    sympy.erf,
+    sympy.erfc,
+    sympy.asin,
+    sympy.acos,
+    sympy.atanh,
+)
+
+
+def _analytic_candidate(expr: sympy.Expr, x: sympy.Symbol) -> bool:
+    """Only expressions built from functions analytic near 0 (apart from poles)."""
+    from sympy.codegen.cfunctions import expm1, log1p
+
+    for node in sympy.preorder_traversal(expr):
+        if node.is_Atom or node.is_Add or node.is_Mul:
+            continue
+        if node.is_Pow:
+            if not node.exp.is_Integer and node.base.has(x):
+                return False
+            continue
+        if isinstance(node, (softplus, sigmoid, ndtr, logaddexp, expm1, log1p) + _ANALYTIC):
+            continue
+        if isinstance(node, Removable):
+            continue
+        return False
+    return True
+
+
+def removable(expr: sympy.Expr, x: sympy.Symbol):
+    """A :class:`Removable` ``f`` with ``f(x) == expr`` if ``expr`` (in ``x`` only) has a
+    removable singularity at 0 and is analytic around it; else ``None``."""
+    closed = expr.xreplace({x: _T}) if x != _T else expr
+    key = sympy.srepr(closed)
+    if key in _REMOVABLE_CACHE:
+        return _REMOVABLE_CACHE[key]
+    made = _make_removable(closed, key)
+    _REMOVABLE_CACHE[key] = made
+    return made
+
+
+def _make_removable(closed: sympy.Expr, key: str):
+    if closed.free_symbols != {_T} or not _analytic_candidate(closed, _T):
+        return None
+    try:
+        f = sympy.lambdify(_T, to_elementary(closed), modules="mpmath")
+    except Exception:  # pragma: no cover - an unprintable expression is simply left alone
+        return None
+    with mpmath.workdps(50):
+        if not _bounded_and_continuous_at_zero(f):
+            return None
+        for radius in (mpmath.mpf(8), mpmath.mpf(4), mpmath.mpf(2), mpmath.mpf(1), mpmath.mpf("0.5")):
+            coeffs = _cauchy_coefficients(f, radius)
+            if coeffs is None:
+                continue
+            negatives, series = coeffs
+            scale = max(abs(c) * radius**n for n, c in enumerate(series))
+            if scale == 0 or any(abs(c) > mpmath.mpf(10) ** -30 * scale for c in negatives):
+                continue  # a pole, a branch point or a non-analytic function
+            chosen = _choose_eps(series, f, radius)
+            if chosen is None:
+                continue
+            eps, degree = chosen
+            exact = [mpmath.mpf(c.real) for c in series[: degree + 1]]
+            # Verify against direct evaluation at real points inside the Taylor disk.
+            ok = True
+            for point in (eps * 0.7, -eps * 0.7, eps * 0.31, -eps * 0.93):
+                p = mpmath.mpf(point)
+                try:
+                    direct = mpmath.re(f(p))
+                except (ZeroDivisionError, ValueError):
+                    ok = False
+                    break
+                approx = _horner_mp(exact, p)
+                if abs(direct - approx) > mpmath.mpf(10) ** -16 * (abs(direct) + scale * 1e-3):
+                    ok = False
+                    break
+            if not ok:
+                continue
+            floats = tuple(0.0 if abs(c) < mpmath.mpf(10) ** -30 * scale else float(c) for c in exact)
+            name = "removable_" + hashlib.sha256(key.encode()).hexdigest()[:8]
+            return type(
+                name,
+                (Removable,),
+                {"closed": closed, "coeffs": floats, "exact_coeffs": tuple(exact), "eps": eps, "__module__": __name__},
+            )
+    return None
+
+
+def _bounded_and_continuous_at_zero(f) -> bool:
+    """A cheap screen before the Cauchy integrals: near 0 the values must agree, as they
+    do for a removable singularity and do not for a pole or an essential singularity."""
+    try:
+        # Complex points too: exp(-1/x**2) is flat on the real line but not removable.
+        points = [mpmath.mpf("1e-12"), mpmath.mpf("-1e-12"), mpmath.mpc(0, "3e-12"), mpmath.mpf("0.3")]
+        values = [mpmath.mpmathify(f(h)) for h in points]
+    except (ZeroDivisionError, ValueError, OverflowError, TypeError):
+        return False
+    if not all(mpmath.isfinite(v) for v in values):
+        return False
+    near, scale = values[:3], 1 + abs(values[3])
+    return all(abs(a - near[0]) <= mpmath.mpf(10) ** -6 * scale for a in near) and abs(near[0]) < 1e6 * scale
+
+
+def _cauchy_coefficients(f, radius):
+    """Laurent coefficients of ``f`` on a circle: (c_-1..c_-4, [c_0, c_1, ...])."""
+    m = _CAUCHY_POINTS
+    roots = [mpmath.expjpi(mpmath.mpf(2 * k) / m) for k in range(m)]
+    values = []
+    for k in range(m):
+        try:
+            v = mpmath.mpmathify(f(radius * roots[k]))
+        except (ZeroDivisionError, ValueError, OverflowError, TypeError):
+            return None
+        if not mpmath.isfinite(v):
+            return None
+        values.append(v)
+
+    def coefficient(n: int):
+        return mpmath.fsum(values[k] * roots[(-k * n) % m] for k in range(m)) / m
+
+    series = [coefficient(n) / radius**n for n in range(_DEGREE_MAX + 3)]
+    negatives = [coefficient(-n) * radius**n for n in range(1, 5)]
+    if any(abs(c.imag) > mpmath.mpf(10) ** -25 * (abs(c.real) + 1) for c in series[:_DEGREE_MAX]):
+        return None  # a real function has real Taylor coefficients
+    return negatives, series
+
+
+def _choose_eps(series, f, radius):
+    """The threshold and polynomial degree.
+
+    Candidates are those for which a Taylor polynomial of degree <= _DEGREE_MAX is exact
+    to about ``_REL_TOL`` (and that lie well inside the Cauchy circle). The closed form
+    cancels near 0 (``(x*cos(x) - sin(x))/x**2``), so the smallest candidate at which it
+    is accurate in float32 (24-bit arithmetic in mpmath, a stand-in for torch's) wins;
+    failing that, the largest candidate.
+    """
+    feasible = []
+    for eps in _EPS_CANDIDATES:
+        if eps > radius / 2:
+            break
+        e = mpmath.mpf(eps)
+        sizes = [abs(c) * e**n for n, c in enumerate(series)]
+        scale = max(sizes[:_DEGREE_MAX])
+        for degree in range(_DEGREE_MAX + 1):
+            if all(s <= _REL_TOL * scale for s in sizes[degree + 1 :]):
+                feasible.append((eps, degree))
+                break
+    for eps, degree in feasible:
+        if _float32_error(f, eps) <= _FLOAT32_ULPS * 2.0**-24:
+            return eps, degree
+    return feasible[-1] if feasible else None
+
+
+def _float32_error(f, eps: float) -> float:
+    """Largest relative error of ``f`` evaluated in 24-bit arithmetic on [eps, 3*eps]."""
+    worst = 0.0
+    for factor in ("1", "1.07", "1.3", "1.6", "2.1", "3"):
+        with mpmath.workprec(24):
+            x = +mpmath.mpf(eps) * mpmath.mpf(factor)  # a float32 number
+        try:
+            with mpmath.workprec(24):
+                got = mpmath.mpmathify(f(x))
+            with mpmath.workdps(50):
+                want = mpmath.mpmathify(f(x))
+        except (ZeroDivisionError, ValueError, OverflowError):
+            return float("inf")
+        if want != 0:
+            worst = max(worst, float(abs(mpmath.re(got) - mpmath.re(want)) / abs(want)))
+    return worst
+
+
+STABLE_FUNCTIONS = (softplus, sigmoid, ndtr, logaddexp, hypot, xlogy, guard)

@@ -1,0 +1,272 @@
+"""The SymPy-to-torch printer: every supported function evaluates to the exact value.
+
+One case per function in ``functions.FUNCTIONS`` and ``printer.PRINTERS``: the printed
+code, evaluated by torch on a float64 tensor, must equal SymPy's ``evalf`` (mpmath) at a
+few points of the function's domain. Then the printer's known traps: ``Max(x, 1)`` is a
+clamp, ``Heaviside(0)`` is 1/2, ``gamma`` has the right sign for negative non-integers,
+rationals print as floats, and constants follow the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy
+import torch
+
+from symgrad import stable_functions as sf
+from symgrad.errors import SymgradError
+from symgrad.functions import FUNCTIONS, REDUCTIONS
+from symgrad.printer import PRINTERS, print_torch
+from symgrad.stable import stabilize
+
+X, Y = sympy.symbols("x y", real=True)
+NAMES = {X: "x", Y: "y"}
+
+# name -> (expression, points for x (and y)). Points lie in each function's domain.
+ALL_REALS = [-2.5, -0.7, 0.0, 0.3, 1.9]
+POSITIVE = [0.05, 0.7, 1.0, 3.3, 40.0]
+UNIT = [-0.9, -0.2, 0.0, 0.4, 0.95]
+ABOVE_ONE = [1.01, 1.5, 4.0, 30.0]
+PAIRS = [(-1.2, 0.4), (0.0, 2.0), (3.0, -0.5), (0.7, 0.7), (-2.0, -3.0)]
+POSITIVE_PAIRS = [(-1.2, 0.4), (0.0, 2.0), (3.0, 0.5), (0.7, 0.7), (2.5, 1e-3)]
+
+# name -> (arguments, points). The expression is built by FUNCTIONS[name], as the parser
+# builds it; points lie in each function's domain.
+CASES = {
+    "sqrt": ((X,), POSITIVE),
+    "exp": ((X,), ALL_REALS + [50.0]),
+    "log": ((X,), POSITIVE),
+    "log1p": ((X,), [-0.5, 0.0, 1e-10, 2.0]),
+    "expm1": ((X,), [-3.0, -1e-10, 0.0, 1e-8, 2.0]),
+    "sin": ((X,), ALL_REALS),
+    "cos": ((X,), ALL_REALS),
+    "tan": ((X,), ALL_REALS),
+    "asin": ((X,), UNIT),
+    "acos": ((X,), UNIT),
+    "atan": ((X,), ALL_REALS),
+    "atan2": ((Y, X), PAIRS),
+    "sinh": ((X,), ALL_REALS),
+    "cosh": ((X,), ALL_REALS),
+    "tanh": ((X,), ALL_REALS),
+    "asinh": ((X,), ALL_REALS),
+    "acosh": ((X,), ABOVE_ONE),
+    "atanh": ((X,), UNIT),
+    "Abs": ((X,), ALL_REALS),
+    "abs": ((X,), ALL_REALS),
+    "sign": ((X,), ALL_REALS),
+    "Max": ((X, Y), PAIRS),
+    "Min": ((X, Y), PAIRS),
+    "Piecewise": (((X**2, X < 0), (sympy.sqrt(X + 1), X < 1), (X, True)), ALL_REALS + [5.0]),
+    "Heaviside": ((X,), ALL_REALS),
+    "floor": ((X,), ALL_REALS),
+    "ceiling": ((X,), ALL_REALS),
+    "erf": ((X,), ALL_REALS),
+    "erfc": ((X,), ALL_REALS + [6.0]),
+    "gamma": ((X,), [-2.5, -1.5, -0.5, 0.3, 1.0, 4.5]),
+    "loggamma": ((X,), POSITIVE),
+    "digamma": ((X,), POSITIVE + [-0.5]),
+    "sigmoid": ((X,), ALL_REALS + [30.0, -30.0]),
+    "softplus": ((X,), ALL_REALS + [30.0, -30.0, 60.0]),
+    "logaddexp": ((X, Y), PAIRS + [(100.0, -100.0)]),
+    "hypot": ((X, Y), PAIRS + [(1e200, 1e200)]),
+    "xlogy": ((X, Y), POSITIVE_PAIRS),
+}
+
+
+def build(name: str) -> sympy.Expr:
+    return FUNCTIONS[name].build(*CASES[name][0])
+
+
+# Printer-only functions (SymPy forms that symgrad produces itself), by class.
+EXTRA = {
+    sympy.polygamma: (sympy.polygamma(2, X), POSITIVE),
+    sf.ndtr: (sf.ndtr(X), ALL_REALS + [-12.0, 12.0]),
+    sf.guard: (sf.guard(X, X > 0, 1), ALL_REALS),
+}
+
+
+def run(expr: sympy.Expr, point, dtype=torch.float64):
+    code = print_torch(expr, NAMES)
+    point = point if isinstance(point, tuple) else (point,)
+    symbols = sorted(expr.free_symbols, key=str)
+    env = {"torch": torch}
+    for symbol, value in zip([X, Y], point):
+        env[NAMES[symbol]] = torch.tensor([value], dtype=dtype)
+    result = eval(code, env)  # noqa: S307 - our own printed code
+    assert isinstance(result, torch.Tensor), code
+    return code, result, dict(zip([X, Y], point)), symbols
+
+
+def exact(expr: sympy.Expr, values: dict) -> float:
+    return float(sympy.N(expr.subs({s: sympy.Float(v, 30) for s, v in values.items()}), 30))
+
+
+def check(expr: sympy.Expr, points) -> None:
+    for point in points:
+        code, result, values, _ = run(expr, point)
+        want = exact(expr, values)
+        got = result.item()
+        assert got == pytest.approx(want, rel=1e-13, abs=1e-300), (code, point)
+
+
+@pytest.mark.parametrize("name", sorted(set(FUNCTIONS) - set(REDUCTIONS)))
+def test_every_user_function_prints_to_its_exact_value(name):
+    check(build(name), CASES[name][1])
+
+
+@pytest.mark.parametrize("cls", list(EXTRA), ids=[c.__name__ for c in EXTRA])
+def test_printer_only_functions(cls):
+    expr, points = EXTRA[cls]
+    check(expr, points)
+
+
+def test_every_printer_has_a_case():
+    covered = {type(build(name)) for name in CASES} | {type(expr) for expr, _ in EXTRA.values()}
+    assert set(PRINTERS) <= covered
+
+
+def test_every_stable_function_has_a_printer():
+    assert set(sf.STABLE_FUNCTIONS) <= set(PRINTERS)
+
+
+def test_reductions_need_no_printer():
+    assert set(REDUCTIONS) == {"sum", "mean"}
+
+
+def test_max_with_a_number_is_a_clamp():
+    code = print_torch(sympy.Max(X, 1), NAMES)
+    assert code == "torch.clamp(x, min=1)"
+    assert print_torch(sympy.Min(X, sympy.Rational(1, 2)), NAMES) == "torch.clamp(x, max=0.5)"
+    code, result, _, _ = run(sympy.Max(X, 1), -3.0)
+    assert result.item() == 1.0
+    code, result, _, _ = run(sympy.Max(X, Y, 2), (5.0, -1.0))
+    assert result.item() == 5.0 and "torch.maximum" in code
+
+
+def test_heaviside_at_zero_is_half():
+    _, result, _, _ = run(sympy.Heaviside(X), 0.0)
+    assert result.item() == 0.5
+    _, result, _, _ = run(sympy.Heaviside(X), -1e-300)
+    assert result.item() == 0.0
+
+
+@pytest.mark.parametrize("point", [-0.5, -1.5, -2.5, -3.5, -10.3, 0.5, 6.0])
+def test_gamma_sign_at_negative_non_integers(point):
+    _, result, values, _ = run(sympy.gamma(X), point)
+    want = math.gamma(point)
+    assert math.copysign(1.0, result.item()) == math.copysign(1.0, want)
+    assert result.item() == pytest.approx(want, rel=1e-12)
+
+
+def test_rationals_and_constants_print_as_floats():
+    assert print_torch(sympy.Rational(1, 3), NAMES) == "0.3333333333333333"
+    code = print_torch(sympy.Rational(2, 3) * X + sympy.pi + sympy.E * X**2 + sympy.Rational(5, 2), NAMES)
+    assert "2/3" not in code and "0.6666666666666666" in code
+    # pi + 5/2 is one constant, folded to a float; E stays a coefficient.
+    assert "5.641592653589793" in code and "2.718281828459045" in code
+    assert print_torch(sympy.sqrt(10) * X, NAMES) == "3.1622776601683795*x"
+    assert print_torch(X / 4, NAMES) == "0.25*x"
+    assert print_torch(X ** sympy.Rational(1, 3), NAMES) == "x ** (0.3333333333333333)"
+    assert print_torch(1 / X, NAMES) == "1 / x"
+    assert print_torch(sympy.sqrt(X), NAMES) == "torch.sqrt(x)"
+    assert print_torch(1 / sympy.sqrt(X), NAMES) == "torch.rsqrt(x)"
+
+
+DTYPE_EXPRS = [
+    X / 3 + sympy.pi,
+    sympy.Piecewise((1, X > 0), (2, True)),
+    sympy.Heaviside(X),
+    sympy.Max(X, 1),
+    sympy.gamma(X + 3),
+    sf.hypot(X, 1),
+    sf.logaddexp(X, 1),
+    sf.softplus(X),
+    sf.sigmoid(X),
+    sf.xlogy(X + 1, 2),
+    sf.ndtr(X),
+    stabilize(sympy.sin(X) / X),
+    stabilize(sympy.Piecewise((sympy.sqrt(X), X > 0), (0, True))),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("expr", DTYPE_EXPRS, ids=[str(e) for e in DTYPE_EXPRS])
+def test_constants_follow_dtype(expr, dtype):
+    code = print_torch(expr, NAMES)
+    x = torch.tensor([-0.5, 0.0, 0.25, 2.0], dtype=dtype)
+    result = eval(code, {"torch": torch, "x": x})  # noqa: S307
+    assert result.dtype == dtype, code
+    assert result.shape == x.shape
+    want = torch.tensor([exact(expr, {X: v}) for v in x.double().tolist()], dtype=torch.float64)
+    finite = torch.isfinite(want)
+    tol = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
+    torch.testing.assert_close(result.double()[finite], want[finite], rtol=tol, atol=tol)
+
+
+def test_removable_prints_a_guarded_series_and_closed_form():
+    expr = stabilize(sympy.sin(X) / X)
+    assert isinstance(expr, sf.Removable)
+    code = print_torch(expr, NAMES)
+    assert code.count("torch.where") >= 2 and "torch.sin" in code
+    for point in [0.0, 1e-30, 1e-5, 0.3, 0.49999, 0.5, 0.7, 30.0]:
+        _, result, _, _ = run(expr, point)
+        want = 1.0 if point == 0 else math.sin(point) / point
+        assert result.item() == pytest.approx(want, rel=1e-15)
+
+
+def test_number_arguments_become_tensors_where_torch_needs_them():
+    code = print_torch(sf.hypot(X, 1), NAMES)
+    assert code == "torch.hypot(x, torch.full_like(x, 1))"
+    code = print_torch(sf.logaddexp(sympy.Float(0.5), X), NAMES)  # not 0: that is softplus
+    assert code == "torch.logaddexp(torch.full_like(x, 0.5), x)"
+
+
+POWERS = [
+    (sympy.Pow(X, Y), (1.7, 0.6)),
+    (sympy.Pow(sympy.Pow(X, Y), 3), (1.7, 0.6)),
+    (sympy.Pow(sympy.Pow(X, Y), Y), (1.7, 0.6)),  # not x**(y**y)
+    (X ** (1 / Y), (1.7, 0.6)),  # not x**1/y
+    (X ** (-Y), (1.7, 0.6)),
+    (X ** (X / Y), (1.7, 0.6)),
+    (-(X**3), (-1.3, 0.0)),
+    ((-X) ** Y, (-1.3, 2.0)),
+    (sympy.Rational(1, 2) ** X, (3.0, 0.0)),
+    (2**X, (3.0, 0.0)),
+    ((X + 1) ** sympy.Rational(1, 3), (0.4, 0.0)),
+    (X ** sympy.Rational(-3, 2), (0.4, 0.0)),
+    (1 / (X + Y), (0.4, 1.0)),
+    (sympy.exp(X) ** Y, (0.4, 1.5)),
+]
+
+
+@pytest.mark.parametrize("expr,point", POWERS, ids=[str(e) for e, _ in POWERS])
+def test_powers_keep_python_precedence(expr, point):
+    check(expr, [point])
+
+
+def test_atan2_with_a_number_argument():
+    check(sympy.atan2(2, X), [-1.0, 0.5])
+    check(sympy.atan2(X, -1), [-1.0, 0.5])
+
+
+def test_nan_and_infinity_print_as_float_literals():
+    _, result, _, _ = run(sympy.Piecewise((sympy.nan, X > 0), (X, True)), 1.0)
+    assert math.isnan(result.item())
+    _, result, _, _ = run(sympy.Piecewise((sympy.oo, X > 0), (-sympy.oo, True)), -1.0)
+    assert result.item() == -math.inf
+
+
+def test_boolean_conditions_with_rationals():
+    expr = sympy.Piecewise(
+        (X / 3, (X > sympy.Rational(1, 4)) & (X < 1)), (X, sympy.Not(X > 2) | (X < -1)), (2 * X, True)
+    )
+    check(expr, [0.5, 1.5, 3.0, -2.0])
+
+
+def test_unknown_functions_fail_loudly():
+    with pytest.raises(SymgradError, match="cannot print"):
+        print_torch(sympy.Function("mystery")(X), NAMES)
+    with pytest.raises(SymgradError, match="cannot print"):
+        print_torch(sympy.besselj(0, X), NAMES)
