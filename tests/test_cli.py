@@ -162,3 +162,18 @@ def test_list_functions(tmp_path):
 
 def test_version():
     assert symgrad.__version__ in generate_source("x**2", "Square").splitlines()[0]
+
+
+def test_readme_example_is_what_symgrad_writes():
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```python\nclass _ExpNoJvp") + len("```python\n")
+    example = readme[start : readme.index("```", start)]
+    assert example in generate_source("exp(x)", "Exp")
+    assert example in (ROOT / "generated" / "exp.py").read_text()
+
+
+def test_readme_commands_are_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_command = readme.split("## Test", 1)[1].split("```")[1].strip()
+    assert test_command in ci.splitlines()

@@ -3,7 +3,7 @@ works from any folder.
 
 The wheel is built from a temporary copy of the source tree, so the repository gets no
 build/ or *.egg-info. The virtual environment reuses this interpreter's packages
-(``--system-site-packages``) so that torch, sympy and black need no download; the wheel
+(through a .pth file) so that torch, sympy and black need no download; the wheel
 itself is installed with ``--no-deps --no-index``, so nothing is fetched at all.
 """
 
@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -58,11 +59,18 @@ def test_wheel_installs_and_runs_from_elsewhere(tmp_path):
     assert not any(name.startswith(("templates/", "tests/", "generated/")) for name in names)
 
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv, cwd=tmp_path)
+    run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     bin_dir = venv / ("Scripts" if os.name == "nt" else "bin")
     python = bin_dir / ("python.exe" if os.name == "nt" else "python")
-    # pip comes from the system site-packages and installs into the venv; --force-reinstall
-    # because a symgrad of the same version may be installed (editable) outside it.
+    # The dependencies (torch, sympy, black, pip) come from the environment running this
+    # test, which may itself be a venv (as in CI): --system-site-packages would reach the
+    # base interpreter instead. A .pth adds its folders after the venv's own; .pth files
+    # inside them are not processed, so an editable symgrad there stays invisible.
+    venv_site = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path)
+    ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    Path(venv_site.stdout.strip(), "outer_environment.pth").write_text("\n".join(sorted(ours)) + "\n")
+    # pip installs into the venv; --force-reinstall because a symgrad of the same version
+    # may be installed (editable) outside it.
     run(python, "-m", "pip", "install", *pip_options, "--force-reinstall", wheel, cwd=tmp_path)
 
     work = tmp_path / "elsewhere"
