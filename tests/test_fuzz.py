@@ -35,15 +35,15 @@ import itertools
 import math
 import os
 import re
-import signal
 import sys
 import tempfile
 import traceback
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+import guards
 import sympy
 import torch
 from torch.autograd.gradcheck import GradcheckError
@@ -173,23 +173,8 @@ class KinkArtefact(Exception):
     """No sample point away from the kinks could be found (the example is not informative)."""
 
 
-@contextmanager
 def hang_guard(seconds: int = HANG_GUARD_S):
-    """Turn a hang into a test failure (SIGALRM; a no-op where unavailable)."""
-    if not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def _raise(signum, frame):
-        raise AssertionError(f"symgrad hung: one expression ran for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, _raise)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    return guards.hang_guard(seconds)
 
 
 def generate(text: str) -> str:

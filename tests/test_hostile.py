@@ -11,14 +11,14 @@ from __future__ import annotations
 import importlib.util
 import re
 import resource
-import signal
 import subprocess
 import sys
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+import guards
 import sympy
 import torch
 
@@ -187,22 +187,8 @@ ACCEPTED = [
 ]
 
 
-@contextmanager
 def hang_guard(seconds: int = HANG_LIMIT_S):
-    if not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def _raise(signum, frame):
-        raise AssertionError(f"hung: no answer after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, _raise)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    return guards.hang_guard(seconds)
 
 
 def _id(text: str) -> str:
