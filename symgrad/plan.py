@@ -164,6 +164,8 @@ def _choose_saved_forms(derivation: Derivation, names: _Names) -> tuple[tuple[sy
 
 class _Builder:
     def __init__(self, derivation: Derivation, names: _Names, rows, alias: str) -> None:
+        # A float tensor in scope in the method being built (see TorchPrinter).
+        self.reference: str | None = None
         self.d = derivation
         self.p = derivation.parsed
         self.names = names
@@ -199,20 +201,11 @@ class _Builder:
         return self.names.symbols[symbol]
 
     def code(self, expr: sympy.Expr) -> str:
-        return print_torch(expr, self.names.symbols)
+        return print_torch(expr, self.names.symbols, self.reference)
 
     def cse(self, exprs: list[sympy.Expr]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], list[sympy.Expr]]:
         exprs = [numbers_to_floats(e) for e in exprs]
         temps, reduced = sympy.cse(exprs, symbols=_SymbolStream(self.names), order="canonical")
-        # A condition stays inline: as a temporary it would be a bool tensor, and a
-        # Piecewise with number branches anchors its dtype on the condition's tensors.
-        conditions = {t: e for t, e in temps if isinstance(e, sympy.logic.boolalg.Boolean) and not e.is_Symbol}
-        if conditions:
-            inline = lambda e: e.xreplace(conditions)  # noqa: E731
-            for _ in range(len(conditions)):  # conditions may refer to conditions
-                conditions = {t: inline(e) for t, e in conditions.items()}
-            temps = [(t, inline(e)) for t, e in temps if t not in conditions]
-            reduced = [inline(e) for e in reduced]
         return temps, reduced
 
     def tensorize(self, exprs: list[sympy.Expr], reference: str) -> list[str]:
@@ -324,7 +317,7 @@ class _Builder:
     def forward(self) -> Method:
         exprs = list(self.d.forward)
         temps, reduced = self.cse(exprs)
-        reference = self.name(self.inputs[0])
+        reference = self.reference = self.name(self.inputs[0])
         lines = self.tensorize(exprs, reference)
         lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
         values = []
@@ -445,7 +438,7 @@ class _Builder:
         entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
         exprs = [self.rows[i][j] for i, j in entries]
         temps, reduced = self.cse(exprs)
-        reference = self.names.grad_outputs[0] if self.live[0] else self.names.grad_outputs[self.live.index(True)]
+        reference = self.reference = self.names.grad_outputs[self.live.index(True)]
         lines += self.tensorize(exprs, reference)
         users = _temp_users(temps, reduced, [j for _, j in entries])
         shared = [(t, e) for t, e in temps if len(users[t]) > 1]
@@ -502,7 +495,9 @@ class _Builder:
         entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
         exprs = [self.rows[i][j] for i, j in entries]
         temps, reduced = self.cse(exprs)
-        lines += self.tensorize(exprs, self.name(self.inputs[0]) if self.inputs[0] in saved else self.names.tangents[0])
+        # A saved tensor is always there; a tangent may be None.
+        self.reference = self.name(saved[0]) if saved else self.names.tangents[0]
+        lines += self.tensorize(exprs, self.reference)
         lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
         returns = []
         single = len(self.inputs) == 1 and not self.params

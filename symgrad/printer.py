@@ -101,8 +101,11 @@ class TorchPrinter(StrPrinter):
     # its closed form) must not replace its torch spelling.
     printmethod = "_symgrad_torch"
 
-    def __init__(self, names: dict[sympy.Symbol, str]) -> None:
+    def __init__(self, names: dict[sympy.Symbol, str], reference: str | None = None) -> None:
         super().__init__({"order": "none"})
+        # A floating-point tensor in scope, whose dtype and device constants follow
+        # where a Python number will not do.
+        self._reference = reference
         self._names = names
 
     def emptyPrinter(self, expr: object) -> str:  # noqa: N802 (SymPy's name)
@@ -211,12 +214,25 @@ class TorchPrinter(StrPrinter):
             value_text = self._print(value)
             if value.is_number and inner_is_number:
                 # torch.where of two Python numbers gives the default dtype, not the
-                # inputs': anchor one branch to a tensor from the condition.
-                anchor = self._print(sorted(condition.free_symbols, key=str)[0])
-                value_text = f"torch.full_like({anchor}, {value_text})"
+                # inputs': make one branch a 0-d tensor of the reference's dtype. (The
+                # condition's own tensors may be bool, e.g. a CSE temporary `t0 = x < 1`.)
+                if self._reference is not None:
+                    ref = self._reference
+                    value_text = f"torch.tensor({value_text}, dtype={ref}.dtype, device={ref}.device)"
+                else:
+                    anchor = self._print(sorted(condition.free_symbols, key=str)[0])
+                    value_text = f"torch.full_like({anchor}, {value_text})"
             text = f"torch.where({self._print(condition)}, {value_text}, {text})"
             inner_is_number = False
         return text
+
+    def _print_ITE(self, expr: sympy.Basic) -> str:
+        # SymPy builds ITE when a condition compares conditions; on bool tensors it is a where.
+        condition, then, otherwise = (self._print(a) for a in expr.args)
+        return f"torch.where({condition}, {then}, {otherwise})"
+
+    def _print_BooleanFunction(self, expr: sympy.Basic) -> str:
+        raise SymgradError(f"symgrad cannot print the condition {type(expr).__name__} as torch code")
 
     def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
         op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
@@ -238,14 +254,14 @@ class TorchPrinter(StrPrinter):
         return "False"
 
 
-def print_torch(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
+def print_torch(expr: sympy.Basic, names: dict[sympy.Symbol, str], reference: str | None = None) -> str:
     """Print ``expr`` as torch code, with symbols printed as ``names[symbol]``.
 
     Constants become floats first (``2*x/3`` prints as ``0.6666666666666666*x``,
     ``sqrt(10)*x`` as ``3.1622776601683795*x``), as plan.py's CSE input already does;
     exponents stay exact.
     """
-    return TorchPrinter(names).doprint(numbers_to_floats(expr))
+    return TorchPrinter(names, reference).doprint(numbers_to_floats(expr))
 
 
 def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
