@@ -65,7 +65,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     sympy.Abs: _call("torch.abs"),
     sympy.sign: _call("torch.sign"),
     # Heaviside(x) with SymPy's H(0) = 1/2 is (sign(x) + 1) / 2: one op, dtype kept.
-    sympy.Heaviside: lambda args: f"0.5 * (torch.sign({args[0]}) + 1)",
+    sympy.Heaviside: lambda args: f"(0.5 * (torch.sign({args[0]}) + 1))",  # parenthesised: printed like an atom
     sympy.floor: _call("torch.floor"),
     sympy.ceiling: _call("torch.ceil"),
     sympy.erf: _call("torch.special.erf"),

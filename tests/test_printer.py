@@ -270,3 +270,22 @@ def test_unknown_functions_fail_loudly():
         print_torch(sympy.Function("mystery")(X), NAMES)
     with pytest.raises(SymgradError, match="cannot print"):
         print_torch(sympy.besselj(0, X), NAMES)
+
+
+def test_heaviside_as_an_exponent_keeps_its_parentheses():
+    # Found by the fuzz campaign: (2/3)**Heaviside(x) printed as 0.666 ** 0.5 * (...).
+    expr = sympy.Rational(2, 3) ** sympy.Heaviside(X)
+    code = print_torch(expr, NAMES)
+    x = torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float64)
+    got = eval(code, {"torch": torch, "x": x})  # noqa: S307 (our own printed code)
+    want = torch.tensor([1.0, (2 / 3) ** 0.5, 2 / 3], dtype=torch.float64)
+    torch.testing.assert_close(got, want)
+
+
+def test_piecewise_of_numbers_follows_the_reference_dtype():
+    condition = sympy.Piecewise((2, X < 1), (sympy.Rational(1, 10), True))
+    code = print_torch(condition, NAMES, reference="x")
+    x = torch.tensor([0.0, 3.0], dtype=torch.float64)
+    got = eval(code, {"torch": torch, "x": x})  # noqa: S307
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, torch.tensor([2.0, 0.1], dtype=torch.float64))
