@@ -530,13 +530,16 @@ def _singular_symbols(expr: sympy.Expr) -> list[sympy.Symbol]:
     return sorted(found, key=sympy.default_sort_key)
 
 
-_EXPLOSIVE = (sympy.exp, sympy.sinh, sympy.cosh, sympy.gamma)
+# Functions that grow like exp(|z|) or exp(|z|**2) off the real axis, where the Cauchy
+# integrals of stable_functions.removable evaluate them.
+_EXPLOSIVE = (sympy.exp, sympy.sinh, sympy.cosh, sympy.gamma, sympy.erf, sympy.erfc, sympy.sin, sympy.cos, sympy.tan)
 
 
 def _explosive(expr: sympy.Expr) -> bool:
     """Whether probing near 0 could need astronomically large numbers: an exp-like
     function of a negative power or of another exp-like function (``cosh(cosh(9/x))``
-    at x = 1e-12 would make mpmath run out of memory or time)."""
+    at x = 1e-12, or ``erf(erf(erf(x)))`` on a complex circle, would make mpmath run out
+    of memory or time)."""
     for node in sympy.preorder_traversal(expr):
         if isinstance(node, _EXPLOSIVE):
             for inner in sympy.preorder_traversal(node.args[0]):

@@ -346,7 +346,11 @@ class Removable(StableFunction):
         eps = repr(cls.eps)
         mask = f"torch.abs({x}) < {eps}"
         safe = f"torch.where({mask}, {eps}, {x})"
-        closed = printer.__class__({**printer._names, _T: safe}).doprint(cls.closed)
+        from .printer import numbers_to_floats  # printer imports this module
+
+        closed = printer.__class__({**printer._names, _T: safe}, printer._reference).doprint(
+            numbers_to_floats(cls.closed)
+        )
         return f"torch.where({mask}, {_polynomial_text(cls.coeffs, x)}, {closed})"
 
 
