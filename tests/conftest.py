@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from symgrad.cli import main
+
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "generated"
 if str(ROOT) not in sys.path:
@@ -26,3 +28,16 @@ def load(name: str):
 def module(request):
     """Each module in generated/, by file stem (black's data-driven cases, tangent's ids)."""
     return load(request.param)
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run ``symgrad ARGS`` in ``tmp_path``; returns (exit code, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

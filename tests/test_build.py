@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from symgrad import Spec, generate_source
-from symgrad.cli import main
 from symgrad.config import load_targets
 from symgrad.render import builtin_template_dir
 from symgrad.write import read_spec
@@ -59,19 +58,6 @@ SPECS = {
     "ops/pair.py": Spec(expr="x*y, x+y", name="Pair", inputs=("y", "x")),
     "inplace_ops/exp_.py": Spec(expr="exp(x)", name="Exp_", inplace=True),
 }
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    """Run ``symgrad ARGS`` in ``tmp_path``; returns (exit code, stdout, stderr)."""
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
 
 
 @pytest.fixture

@@ -25,19 +25,6 @@ from symgrad.write import content_hash, is_hand_edited, read_spec
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    """Run ``symgrad ARGS`` in ``tmp_path``; returns (exit code, stdout, stderr)."""
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
-
-
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file's bytes and inode: a rewrite with equal bytes still shows (os.replace)."""
     return {
