@@ -65,7 +65,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     sympy.Abs: _call("torch.abs"),
     sympy.sign: _call("torch.sign"),
     # Heaviside(x) with SymPy's H(0) = 1/2 is (sign(x) + 1) / 2: one op, dtype kept.
-    sympy.Heaviside: lambda args: f"(0.5 * (torch.sign({args[0]}) + 1))",  # parenthesised: printed like an atom
+    sympy.Heaviside: lambda args: f"0.5 * (torch.sign({args[0]}) + 1)",
     sympy.floor: _call("torch.floor"),
     sympy.ceiling: _call("torch.ceil"),
     sympy.erf: _call("torch.special.erf"),
@@ -177,11 +177,11 @@ class TorchPrinter(StrPrinter):
             ]
         torch_code = getattr(type(expr), "torch_code", None)
         if torch_code is not None:  # generated families (stable_functions.Removable)
-            return torch_code(self, args)
+            return _as_atom(torch_code(self, args))
         printer = PRINTERS.get(type(expr))
         if printer is None:
             raise SymgradError(f"symgrad cannot print {type(expr).__name__} as torch code")
-        return printer(args)
+        return _as_atom(printer(args))
 
     # StrPrinter prints Heaviside itself (as "Heaviside(x)"); every function goes through
     # PRINTERS instead.
@@ -252,6 +252,25 @@ class TorchPrinter(StrPrinter):
 
     def _print_BooleanFalse(self, expr: sympy.Basic) -> str:
         return "False"
+
+
+def _as_atom(text: str) -> str:
+    """``text`` parenthesised unless it is one call, ``f(...)``.
+
+    The operator printers treat a function as an atom, but some print as an expression
+    (Heaviside as ``0.5 * (torch.sign(x) + 1)``, ndtr through erfc): as an operand of
+    ``**`` or ``/`` those need parentheses.
+    """
+    head = len(text) - len(text.lstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_."))
+    if head and text[head : head + 1] == "(" and text.endswith(")"):
+        depth = 0
+        for index, char in enumerate(text[head:], head):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0:
+                if index == len(text) - 1:
+                    return text
+                break
+    return f"({text})"
 
 
 def print_torch(expr: sympy.Basic, names: dict[sympy.Symbol, str], reference: str | None = None) -> str:

@@ -289,3 +289,13 @@ def test_piecewise_of_numbers_follows_the_reference_dtype():
     got = eval(code, {"torch": torch, "x": x})  # noqa: S307
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, torch.tensor([2.0, 0.1], dtype=torch.float64))
+
+
+def test_functions_printed_as_expressions_are_parenthesised_operands():
+    # Found by the fuzz campaign: 1/erfc(-y) printed as ... / 0.5 * torch.special.erfc(...).
+    expr = X / sympy.erfc(-X)
+    code = print_torch(stabilize(expr), NAMES)
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    got = eval(code, {"torch": torch, "x": x})  # noqa: S307 (our own printed code)
+    want = x / torch.special.erfc(-x)
+    torch.testing.assert_close(got, want)
