@@ -299,3 +299,11 @@ def test_functions_printed_as_expressions_are_parenthesised_operands():
     got = eval(code, {"torch": torch, "x": x})  # noqa: S307 (our own printed code)
     want = x / torch.special.erfc(-x)
     torch.testing.assert_close(got, want)
+
+
+def test_ndtr_argument_keeps_its_parentheses():
+    # Found by the fuzz campaign: erfc(atan(x) - x) printed erfc(-0.707 * 1.414*x - ...).
+    code = print_torch(stabilize(sympy.erfc(sympy.atan(X) - X) * X), NAMES)
+    x = torch.tensor([-2.0, 0.5, 2.5], dtype=torch.float64)
+    got = eval(code, {"torch": torch, "x": x})  # noqa: S307 (our own printed code)
+    torch.testing.assert_close(got, torch.special.erfc(torch.atan(x) - x) * x)
