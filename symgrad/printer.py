@@ -80,7 +80,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     sigmoid: _call("torch.sigmoid"),
     # Not torch.special.ndtr: in torch 2.13 it returns 0 below about -10 (and loses all
     # accuracy near -5 in float32); erfc of the negated, scaled argument keeps both tails.
-    ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * ({args[0]}))",
+    ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {_as_atom(args[0])})",
     logaddexp: _call("torch.logaddexp"),
     hypot: _call("torch.hypot"),
     xlogy: _call("torch.xlogy"),
@@ -261,6 +261,8 @@ def _as_atom(text: str) -> str:
     (Heaviside as ``0.5 * (torch.sign(x) + 1)``, ndtr through erfc): as an operand of
     ``**`` or ``/`` those need parentheses.
     """
+    if text.replace("_", "a").replace(".", "a").isalnum():
+        return text  # a name or a number
     head = len(text) - len(text.lstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_."))
     if head and text[head : head + 1] == "(" and text.endswith(")"):
         depth = 0
