@@ -68,7 +68,7 @@ class Plan:
     setup_forward_ad: tuple[str, ...]
     metadata: str
     inplace: bool
-    once_differentiable: bool
+    refuses_double_backward: bool  # in place, with a copy of the input that is not in the graph
     surrogate: bool
     fused: Fused | None = None
 
@@ -259,7 +259,7 @@ class _Builder:
             setup_forward_ad=self.setup_forward_ad(saved),
             metadata=self.metadata(),
             inplace=inplace,
-            once_differentiable=once,
+            refuses_double_backward=once,
             surrogate=any(self.d.surrogate),
             fused=fused.plan if fused else None,
         )
