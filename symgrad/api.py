@@ -58,7 +58,15 @@ def source_for_spec(spec: Spec, base_dir: str | Path | None = None) -> str:
     check_class_name(spec.name)
     if spec.inplace:
         _check_inplace(spec)
-    plan = make_plan(derive(parse_spec(spec)))
+    try:
+        plan = make_plan(derive(parse_spec(spec)))
+    except RecursionError:
+        # Not our recursion (the parser bounds nesting depth): SymPy recurses without end on
+        # a few expressions. A refusal, not a crash, and nothing has been written.
+        raise SymgradError(
+            "SymPy recursed without end on this expression (a SymPy limitation); try an equivalent,"
+            " simpler form"
+        ) from None
     templates = spec.templates
     if templates is not None and base_dir is not None and not Path(templates).is_absolute():
         # Lexically, from the resolved folder (as record_templates computed it): the output

@@ -521,6 +521,12 @@ class _Builder:
         except (ValueError, TypeError, ArithmeticError) as exc:
             # e.g. SymPy's Max/Min refuse arguments they cannot compare
             raise self.fail(node, f"cannot build {self.source(node)}: {exc}") from None
+        except RecursionError:
+            # SymPy 1.14 recurses without end folding some conditions, e.g.
+            # (z - y <= 10) & (z - E <= z - y) (found by the fuzz campaign)
+            raise self.fail(
+                node, f"cannot build {self.source(node)}: SymPy recursed without end on its conditions"
+            ) from None
 
     def _piecewise(self, node: ast.Call, args: list[ast.AST]) -> sympy.Expr:
         pairs = []
@@ -538,6 +544,12 @@ class _Builder:
         except (TypeError, ValueError) as exc:
             # SymPy folds conditions while building and refuses e.g. a comparison with zoo
             raise self.fail(node, f"cannot build {self.source(node)}: {exc}") from None
+        except RecursionError:
+            # SymPy 1.14 recurses without end folding some conditions, e.g.
+            # (z - y <= 10) & (z - E <= z - y) (found by the fuzz campaign)
+            raise self.fail(
+                node, f"cannot build {self.source(node)}: SymPy recursed without end on its conditions"
+            ) from None
 
     def condition(self, node: ast.AST) -> sympy.logic.boolalg.Boolean:
         if isinstance(node, ast.Constant) and isinstance(node.value, bool):

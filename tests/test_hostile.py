@@ -168,7 +168,13 @@ UNEVALUATED = [
     "Limit(x, x, 0)",
 ]
 
-REFUSED = INJECTION + HUGE + NESTING + UNICODE_REFUSED + NOT_REAL + UNEVALUATED
+# SymPy itself recurses without end on these (found by the fuzz campaign): a refusal, not a
+# RecursionError.
+SYMPY_RECURSION = [
+    "Piecewise((x, (z - E) <= (z - y) <= 10), (y, True))",
+]
+
+REFUSED = INJECTION + HUGE + NESTING + UNICODE_REFUSED + NOT_REAL + UNEVALUATED + SYMPY_RECURSION
 
 # Accepted hostile-looking input: generated correctly (checked against torch).
 ACCEPTED = [
@@ -204,6 +210,17 @@ def test_api_refuses(text, tmp_path, monkeypatch):
     assert message and "\n" not in message
     assert "Traceback" not in message
     assert list(tmp_path.iterdir()) == []  # nothing ran: no "pwned" file, nothing written
+
+
+def test_sympy_recursion_anywhere_is_a_refusal(monkeypatch):
+    """A RecursionError from SymPy in any stage (not only Piecewise) is a SymgradError."""
+
+    def recurse(parsed):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(symgrad.api, "derive", recurse)
+    with pytest.raises(SymgradError, match="SymPy recursed without end"):
+        symgrad.generate_source("sin(x)", "Recurse")
 
 
 @pytest.mark.parametrize("text", MEGABYTE, ids=[_id(t) for t in MEGABYTE])
@@ -242,6 +259,7 @@ def test_api_generates_correctly(text, reference, tmp_path):
 # One of each family (the API tests above cover every case; each CLI run is a process).
 CLI_CASES = [
     "__import__('os').system('touch pwned')",
+    "Piecewise((x, (z - E) <= (z - y) <= 10), (y, True))",
     "x.__class__",
     "eval('1')",
     "[i for i in x]",
