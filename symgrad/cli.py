@@ -15,7 +15,7 @@ from .api import generate_file, record_templates, source_for_spec
 from .config import load_targets
 from .errors import SymgradError
 from .functions import FUNCTIONS
-from .spec import Spec, parse_domain_option, parse_grad_option, parse_name_list
+from .spec import SAVE_POLICIES, Spec, parse_domain_option, parse_grad_option, parse_name_list
 from .write import Refused, atomic_write, ensure_package, is_hand_edited, read_spec, read_text, write_status
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 123
@@ -46,6 +46,9 @@ def _generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad", action="append", default=[], metavar="INPUT=EXPR",
                         help="surrogate gradient replacing d(output)/d(INPUT), e.g. x=1 (repeatable)")
     parser.add_argument("--inplace", action="store_true", help="overwrite the first input (ctx.mark_dirty)")
+    parser.add_argument("--save", choices=SAVE_POLICIES, default="memory",
+                        help="memory (default): save the fewest bytes, recompute in backward; speed: forward"
+                        " also returns the derivatives and backward only multiplies")
     parser.add_argument("--fuse", action="store_true",
                         help="run forward/backward/jvp bodies through torch.compile (compiled on first use)")
     parser.add_argument("--templates", metavar="DIR", help="use the templates in DIR instead of the built-in ones")
@@ -138,6 +141,7 @@ def _generate(options: argparse.Namespace) -> int:
         domain=tuple(parse_domain_option(d) for d in options.domain),
         grads=tuple(parse_grad_option(g) for g in options.grad),
         inplace=options.inplace,
+        save=options.save,
         fuse=options.fuse,
         templates=templates,
     )

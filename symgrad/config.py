@@ -12,7 +12,7 @@
     params = ["alpha"]
     domain = { x = [0.1, 10] }         # like --domain x=0.1:10
     grad = { x = "1" }                 # like --grad x=1 (a surrogate gradient)
-    # also: inputs = ["x", "y"], inplace = true, fuse = true, out = "...", templates = "..."
+    # also: inputs = ["x", "y"], inplace = true, save = "speed", fuse = true, out = "...", templates = "..."
 
 ``symgrad build`` turns each entry into the same :class:`~symgrad.spec.Spec` that the
 equivalent ``symgrad EXPR --name NAME ...`` command records, so every file it writes is an
@@ -40,7 +40,7 @@ else:  # pragma: no cover - Python 3.10 needs the tomli backport for `symgrad bu
         tomllib = None
 
 TABLE_KEYS = ("out", "templates", "functions")
-FUNCTION_KEYS = ("name", "expr", "inputs", "params", "domain", "grad", "inplace", "fuse", "out", "templates")
+FUNCTION_KEYS = ("name", "expr", "inputs", "params", "domain", "grad", "inplace", "save", "fuse", "out", "templates")
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ def _target(entry: dict[str, Any], index: int, path: Path, base: Path, defaults:
             domain=_domain(entry, where),
             grads=_grads(entry, where),
             inplace=_bool(entry, "inplace", where),
+            save=_string(entry, "save", where) or "memory",
             fuse=_bool(entry, "fuse", where),
             templates=None if templates is None else record_templates(base / templates, out),
         )

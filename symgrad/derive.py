@@ -11,7 +11,7 @@ import sympy
 from sympy.printing.pycode import MpmathPrinter
 
 from .errors import SymgradError
-from .parse import Parsed
+from .parse import Output, Parsed
 from .stable import stabilize
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
@@ -49,21 +49,25 @@ class Derivation:
     surrogate: tuple[bool, ...]
     nondifferentiable: tuple[bool, ...]
     domain: tuple[tuple[sympy.Symbol, float, float], ...]
+    # --save speed: outputs past the user's are derivatives that forward computes along with
+    # them; entry k says output ``len(parsed.outputs) + k`` is d(output i)/d(input j).
+    derivatives: tuple[tuple[int, int], ...] = ()
+    # Each derivative's unstabilised form, for differentiating it again.
+    raw_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
 
 
 def derive(parsed: Parsed) -> Derivation:
     """Differentiate every output by every input, simplify within bounds, stabilise."""
     surrogates = dict(parsed.surrogates)
     forward = tuple(stabilize(out.expr) for out in parsed.outputs)
-    gradients = []
-    for out in parsed.outputs:
-        row = []
-        for symbol in parsed.inputs:
-            if symbol in surrogates:
-                row.append(stabilize(surrogates[symbol]))
-            else:
-                row.append(stabilize(cheapest_form(_differentiate(out.expr, symbol))))
-        gradients.append(tuple(row))
+    raw = tuple(
+        tuple(
+            surrogates[symbol] if symbol in surrogates else cheapest_form(_differentiate(out.expr, symbol))
+            for symbol in parsed.inputs
+        )
+        for out in parsed.outputs
+    )
+    gradients = [tuple(stabilize(g) for g in row) for row in raw]
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -79,8 +83,49 @@ def derive(parsed: Parsed) -> Derivation:
         surrogate=tuple(s in surrogates for s in parsed.inputs),
         nondifferentiable=nondifferentiable,
         domain=(),
+        raw_gradients=raw,
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
+
+
+# A derivative this cheap (by op_count) is recomputed in backward even under --save speed:
+# computing it in forward as well would save one tensor more and no time.
+SPEED_MIN_OPS = 2
+
+
+def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
+    """--save speed: forward also returns each costly derivative, sharing work with the output.
+
+    This is the pattern the PyTorch docs give for saving intermediates with setup_context:
+    an intermediate backward needs is returned as an output. It stays differentiable, so
+    double backward is exact: backward adds ``grad_derivative * (second derivative)``.
+    The derivative outputs' own gradient rows are those second derivatives.
+    """
+    parsed = derivation.parsed
+    derivatives, second = [], []
+    for i, row in enumerate(derivation.gradients):
+        for j, gradient in enumerate(row):
+            if derivation.nondifferentiable[i] or not gradient.free_symbols or op_count(gradient) < SPEED_MIN_OPS:
+                continue
+            raw = derivation.raw_gradients[i][j]
+            try:
+                second.append(tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs))
+            except SymgradError:
+                continue  # SymPy cannot differentiate it again: backward recomputes this one
+            derivatives.append((i, j))
+    if not derivatives:
+        return derivation
+    extra_outputs = tuple(Output(derivation.gradients[i][j]) for i, j in derivatives)
+    return Derivation(
+        parsed=Parsed(**{**parsed.__dict__, "outputs": parsed.outputs + extra_outputs}),
+        forward=derivation.forward + tuple(out.expr for out in extra_outputs),
+        gradients=derivation.gradients + tuple(second),
+        surrogate=derivation.surrogate,
+        nondifferentiable=derivation.nondifferentiable + tuple(all(g == 0 for g in row) for row in second),
+        domain=derivation.domain,
+        derivatives=tuple(derivatives),
+        raw_gradients=derivation.raw_gradients,
+    )
 
 
 def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
@@ -90,7 +135,9 @@ def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
         # zero almost everywhere, which is the gradient autograd uses for these functions.
         derivative = derivative.replace(lambda e: isinstance(e, sympy.DiracDelta), lambda e: sympy.Integer(0))
         derivative = derivative.replace(
-            lambda e: isinstance(e, sympy.Derivative) and isinstance(e.expr, (sympy.floor, sympy.ceiling)),
+            # (sign of an argument SymPy cannot prove real stays an unevaluated Derivative)
+            lambda e: isinstance(e, sympy.Derivative)
+            and isinstance(e.expr, (sympy.floor, sympy.ceiling, sympy.sign, sympy.Heaviside)),
             lambda e: sympy.Integer(0),
         )
         # Abs and sign of a function that SymPy cannot prove real (acosh, log, ...) differentiate

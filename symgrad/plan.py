@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .derive import Derivation, op_count
+from .derive import Derivation, op_count, with_derivatives_as_outputs
 from .errors import SymgradError
 from .naming import RESERVED, Namer, check_class_name
 from .printer import numbers_to_floats, print_torch
@@ -59,6 +59,9 @@ class Plan:
     alias: str
     public_params: tuple[str, ...]
     call_args: tuple[str, ...]
+    # What the alias keeps of ``apply``'s outputs: "" (all), or "[0]"/"[:n]" under --save
+    # speed, where the outputs past the user's are derivatives.
+    public_outputs: str
     docstring: str
     saved_comment: tuple[str, ...]
     forward: Method
@@ -89,9 +92,17 @@ def make_plan(derivation: Derivation) -> Plan:
     """Decide names, CSE temporaries and saved tensors for a derivation."""
     parsed = derivation.parsed
     alias = check_class_name(parsed.spec.name)
+    if parsed.spec.save == "speed":
+        if parsed.spec.inplace:
+            raise SymgradError("--save speed and --inplace cannot be combined: an in-place Function has one output")
+        derivation = with_derivatives_as_outputs(derivation)
     names = _assign_names(derivation, alias)
     rows = _choose_saved_forms(derivation, names)
-    return _Builder(derivation, names, rows, alias).build()
+    n_user = len(parsed.outputs)
+    for k, (i, j) in enumerate(derivation.derivatives):
+        # Backward multiplies by the derivative forward returned, instead of recomputing it.
+        rows[i] = rows[i][:j] + (names.results[n_user + k],) + rows[i][j + 1 :]
+    return _Builder(derivation, names, tuple(rows), alias).build()
 
 
 def _assign_names(derivation: Derivation, alias: str) -> _Names:
@@ -112,11 +123,17 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     # calls) and the module-level names must differ.
     public_namer = Namer(module_level)
     public = {s: public_namer.claim(s.name) for s in parsed.inputs + parsed.params}
+    n_user = n_out - len(derivation.derivatives)
     results = tuple(sympy.Dummy(f"result{i}") for i in range(n_out))
-    result_names = ["result"] if n_out == 1 else [f"result{i}" for i in range(n_out)]
+    result_names = ["result"] if n_user == 1 else [f"result{i}" for i in range(n_user)]
+    grad_names = ["grad_output"] if n_user == 1 else [f"grad_output{i}" for i in range(n_user)]
+    # --save speed: d(result)/d(x) is returned as an output named dresult_dx.
+    for i, j in derivation.derivatives:
+        result_names.append(f"d{result_names[i]}_d{internal[parsed.inputs[j]]}")
+        grad_names.append(f"grad_{result_names[-1]}")
     symbols = dict(internal)
     symbols.update({r: namer.claim(n) for r, n in zip(results, result_names)})
-    grad_outputs = tuple(namer.claim("grad_output" if n_out == 1 else f"grad_output{i}") for i in range(n_out))
+    grad_outputs = tuple(namer.claim(n) for n in grad_names)
     grads = tuple(namer.claim(f"grad_{internal[s]}") for s in parsed.inputs)
     tangents = tuple(namer.claim(f"{internal[s]}_tangent") for s in parsed.inputs + parsed.params)
     return _Names(symbols, public, results, grad_outputs, grads, tangents, namer.numbered("t"), namer)
@@ -133,7 +150,7 @@ def _fused_names(alias: str) -> dict[str, str]:
     }
 
 
-def _choose_saved_forms(derivation: Derivation, names: _Names) -> tuple[tuple[sympy.Expr, ...], ...]:
+def _choose_saved_forms(derivation: Derivation, names: _Names) -> list[tuple[sympy.Expr, ...]]:
     """Per output, the gradient row to print: in terms of inputs, or of the output.
 
     Like PyTorch's ``exp: grad * result``, a row may be rewritten in terms of its own
@@ -159,7 +176,7 @@ def _choose_saved_forms(derivation: Derivation, names: _Names) -> tuple[tuple[sy
         used = set().union(*(g.free_symbols for row in rows for g in row)) & tensors
         return len(used & overwritten), len(used), sum(op_count(g) for row in rows for g in row)
 
-    return min(itertools.product(*options), key=cost)
+    return list(min(itertools.product(*options), key=cost))
 
 
 class _Builder:
@@ -176,6 +193,10 @@ class _Builder:
         self.outputs = self.p.outputs
         self.n_out = len(self.outputs)
         self.live = [not nd for nd in derivation.nondifferentiable]
+        # --save speed: the outputs past the user's are derivatives (derive.with_derivatives_as_outputs).
+        self.n_user = self.n_out - len(derivation.derivatives)
+        self.speed = bool(derivation.derivatives)
+        self.term_name: str | None = None
         # Shapes are needed to un-broadcast gradients only when tensors can broadcast.
         self.broadcasts = len(self.inputs) + len(self.params) > 1
         # In fused mode the bodies are built as pure functions: every ``ctx`` attribute
@@ -250,6 +271,7 @@ class _Builder:
             alias=self.alias,
             public_params=tuple(self.names.public[s] for s in self.inputs + self.params),
             call_args=tuple(self.names.public[s] for s in self.inputs + self.params),
+            public_outputs="" if not self.speed else "[0]" if self.n_user == 1 else f"[:{self.n_user}]",
             docstring=self.docstring(saved),
             saved_comment=self.saved_comment(saved, once),
             forward=fused.forward_call if fused else self.forward(),
@@ -377,6 +399,9 @@ class _Builder:
             lines.append(f"ctx.mark_non_differentiable({', '.join(dead)})")
         lines += self.shape_lines()
         lines += self.save_lines("save_for_backward", saved)
+        if self.speed:
+            lines.append("# An output that gets no gradient (a derivative, outside double backward) gets None.")
+            lines.append("ctx.set_materialize_grads(False)")
         return Method(("ctx", "inputs", "output"), tuple(lines or ["pass"]), "")
 
     def shape_attr(self, output: int) -> str:
@@ -433,6 +458,8 @@ class _Builder:
         return lines
 
     def backward(self, saved: list[sympy.Symbol], with_unpack: bool = True) -> Method:
+        if self.speed:
+            return self.speed_backward(saved, with_unpack)
         lines = self.unpack_saved(saved) if with_unpack else []
         # All gradients share one CSE, so work common to several inputs is done once.
         entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
@@ -458,12 +485,62 @@ class _Builder:
             lines.append(f"if {self.ctx_ref('needs_input_grad')}[{j}]:")
             own = [(t, e) for t, e in temps if users[t] == {j}]
             lines += [f"{INDENT}{self.name(t)} = {self.code(e)}" for t, e in own]
-            total = " + ".join(terms)
             if self.broadcasts:
-                total = f"({total}).sum_to_size({self.ctx_ref(self.name(symbol) + '_shape')})"
-            lines.append(f"{INDENT}{grad} = {total}")
+                # Each term is reduced on its own: outputs can have different shapes (exp(y) and
+                # x*y), and a smaller term broadcast into a sum first would be counted repeatedly.
+                shape = self.ctx_ref(self.name(symbol) + "_shape")
+                terms = [f"({term}).sum_to_size({shape})" for term in terms]
+            lines.append(f"{INDENT}{grad} = {' + '.join(terms)}")
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
+
+    def speed_backward(self, saved: list[sympy.Symbol], with_unpack: bool) -> Method:
+        """--save speed: multiply by the derivatives forward returned; differentiate them again
+        only when they received a gradient themselves (double backward).
+
+        Gradients are not materialised (setup_context), so an output that got none has
+        ``None`` here and costs nothing.
+        """
+        lines = self.unpack_saved(saved) if with_unpack else []
+        grads = list(self.names.grads)
+        lines.append(f"{' = '.join(grads)} = None")
+        self.contributions = [0] * len(self.inputs)
+        first = [i for i in range(self.n_user) if self.live[i]]
+        second = [i for i in range(self.n_user, self.n_out) if self.live[i]]
+        self.reference = self.name(self.names.results[self.n_user])
+        for i in first:
+            lines.append(f"if {self.names.grad_outputs[i]} is not None:")
+            for j in range(len(self.inputs)):
+                if self.rows[i][j] != 0:
+                    lines.append(f"{INDENT}if {self.ctx_ref('needs_input_grad')}[{j}]:")
+                    lines += [INDENT * 2 + line for line in self.accumulate(j, self.backward_term(i, self.rows[i][j]))]
+        for m in second:
+            entries = [j for j in range(len(self.inputs)) if self.rows[m][j] != 0]
+            lines.append(f"if {self.names.grad_outputs[m]} is not None:")
+            if m == second[0]:
+                lines.append(f"{INDENT}# Double backward: the derivative is an output too, so it is differentiated again.")
+            exprs = [self.rows[m][j] for j in entries]
+            temps, reduced = self.cse(exprs)
+            lines += [INDENT + line for line in self.tensorize(exprs, self.reference)]
+            lines += [f"{INDENT}{self.name(t)} = {self.code(e)}" for t, e in temps]
+            for j, expr in zip(entries, reduced):
+                lines.append(f"{INDENT}if {self.ctx_ref('needs_input_grad')}[{j}]:")
+                lines += [INDENT * 2 + line for line in self.accumulate(j, self.backward_term(m, expr))]
+        grads += ["None"] * len(self.params)
+        return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
+
+    def accumulate(self, j: int, term: str) -> list[str]:
+        """Lines adding ``term`` to input ``j``'s gradient, which may still be None."""
+        grad = self.names.grads[j]
+        self.contributions[j] += 1
+        if self.broadcasts:
+            # Reduced term by term: the outputs (derivatives included) differ in shape.
+            term = f"({term}).sum_to_size({self.ctx_ref(self.name(self.inputs[j]) + '_shape')})"
+        if self.contributions[j] == 1:
+            return [f"{grad} = {term}"]
+        if self.term_name is None:
+            self.term_name = self.names.namer.claim("term")
+        return [f"{self.term_name} = {term}", f"{grad} = {self.term_name} if {grad} is None else {grad} + {self.term_name}"]
 
     def backward_term(self, output: int, expr: sympy.Expr) -> str:
         grad_output = self.names.grad_outputs[output]
@@ -495,8 +572,15 @@ class _Builder:
         entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
         exprs = [self.rows[i][j] for i, j in entries]
         temps, reduced = self.cse(exprs)
-        # A saved tensor is always there; a tangent may be None.
-        self.reference = self.name(saved[0]) if saved else self.names.tangents[0]
+        # A saved tensor is always there; a tangent may be None, but not all of them are.
+        if saved:
+            self.reference = self.name(saved[0])
+        elif len(self.names.tangents) == 1:
+            self.reference = self.names.tangents[0]
+        else:
+            self.reference = self.names.namer.claim("reference")
+            tangents = ", ".join(self.names.tangents)
+            lines.append(f"{self.reference} = next(t for t in ({tangents}) if t is not None)")
         lines += self.tensorize(exprs, self.reference)
         lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
         returns = []
@@ -522,12 +606,12 @@ class _Builder:
                 for j, term in terms:
                     lines.append(f"if {self.names.tangents[j]} is not None:")
                     lines.append(f"{INDENT}{tangent} = {tangent} + {term}")
-                # The engine does not broadcast tangents: each must have its output's shape.
+                # The engine does not broadcast tangents: each must have its output's shape, and
+                # a float dtype even where no tangent contributed (the sum is still the int 0).
                 shape = self.ctx_ref(self.shape_attr(i))
-                if out.reduction is not None:
-                    lines.append(f"{tangent} = torch.as_tensor({tangent}).expand({shape}).{out.reduction}()")
-                else:
-                    lines.append(f"{tangent} = torch.as_tensor({tangent}).expand({shape})")
+                like = f"dtype={self.reference}.dtype, device={self.reference}.device"
+                value = f"torch.as_tensor({tangent}, {like}).expand({shape})"
+                lines.append(f"{tangent} = {value}.{out.reduction}()" if out.reduction is not None else f"{tangent} = {value}")
             returns.append(tangent)
         return Method(("ctx",) + self.names.tangents, tuple(lines), ", ".join(returns))
 
@@ -543,7 +627,7 @@ class _Builder:
     def docstring(self, saved: list[sympy.Symbol]) -> str:
         math_names = {s: s.name for s in self.inputs + self.params}
         math_names.update({r: self.name(r) for r in self.names.results})
-        out_names = ["f"] if self.n_out == 1 else [f"f{i}" for i in range(self.n_out)]
+        out_names = ["f"] if self.n_user == 1 else [f"f{i}" for i in range(self.n_user)]
         args = ", ".join(s.name for s in self.inputs + self.params)
         lines = []
         for name, out in zip(out_names, self.outputs):
@@ -561,14 +645,27 @@ class _Builder:
                 marker = "  (surrogate: not the true derivative)" if self.d.surrogate[j] else ""
                 inner = "the elementwise part of " if self.outputs[i].reduction else ""
                 lines.append(f"d{name}/d{symbol.name} = {gradient}{marker}" if not inner else f"d({inner}{name})/d{symbol.name} = {gradient}")
+        if self.speed:
+            derivatives = [self.name(r) for r in self.names.results[self.n_user :]]
+            lines.append("")
+            lines += textwrap.wrap(
+                f"--save speed: forward also computes {', '.join(derivatives)}, sharing work with the"
+                f" output, so `{self.p.spec.name}.apply` returns {self.n_out} tensors and the alias"
+                f" returns the first {self.n_user}. Backward multiplies by the saved derivatives"
+                " instead of recomputing them; double backward differentiates them again.",
+                width=88,
+            )
         return "\n".join(lines)
 
     def saved_comment(self, saved: list[sympy.Symbol], once: bool) -> tuple[str, ...]:
         if not saved and not self.saved_params():
             return ("Nothing is saved for backward: every gradient is constant.",)
         parts = []
+        derivatives = set(self.names.results[self.n_user :])
         for symbol in saved:
-            if symbol in self.names.results:
+            if symbol in derivatives:
+                parts.append(f"{self.name(symbol)} (a derivative forward returned, so backward only multiplies by it)")
+            elif symbol in self.names.results:
                 parts.append(f"{self.name(symbol)} (the output: the gradient is written in terms of it, so backward recomputes nothing)")
             elif once:
                 parts.append(f"{self.name(symbol)} (a copy of the input from before it is overwritten)")
@@ -583,6 +680,11 @@ class _Builder:
         )
         if once:
             text += " The copy is not part of the graph, so double backward is refused."
+        elif self.speed:
+            text += (
+                " The derivatives are outputs, not hidden intermediates, so double backward"
+                " differentiates them exactly."
+            )
         else:
             text += " No forward intermediate is saved, so double backward stays exact."
         return tuple(textwrap.wrap(text, width=86))
@@ -597,10 +699,11 @@ class _Builder:
             "inputs": [s.name for s in self.inputs],
             "params": params,
             "domain": domain,
-            "outputs": [out.reduction or "elementwise" for out in self.outputs],
-            "nondifferentiable": [i for i, live in enumerate(self.live) if not live],
+            "outputs": [out.reduction or "elementwise" for out in self.outputs[: self.n_user]],
+            "nondifferentiable": [i for i, live in enumerate(self.live[: self.n_user]) if not live],
             "surrogate": {s.name: text for s, text in zip([s for s, _ in self.p.surrogates], [t for _, t in self.p.spec.grads])},
             "inplace": self.p.spec.inplace,
+            "save": self.p.spec.save,
             "saved": [self.name(s) for s in self.saved()],
         }
         return repr(data)

@@ -71,6 +71,8 @@ class Spec:
                     raise TypeError(f"{key!r} is not a list of names")
             if not isinstance(data.get("templates", ""), str):
                 raise TypeError("'templates' is not a string")
+            if data.get("save", "memory") not in SAVE_POLICIES:
+                raise ValueError(f"'save' is {data['save']!r}, not one of {', '.join(SAVE_POLICIES)}")
             return cls(
                 expr=str(data["expr"]),
                 name=str(data["name"]),

@@ -175,10 +175,10 @@ def hang_guard(seconds: int = HANG_GUARD_S):
     return guards.hang_guard(seconds)
 
 
-def generate(text: str) -> str:
+def generate(text: str, save: str = "memory") -> str:
     """The module source, or :class:`Refused`; anything else propagates (a bug)."""
     try:
-        return symgrad.generate_source(text, "Fuzzed")
+        return symgrad.generate_source(text, "Fuzzed", save=save)
     except SymgradError as exc:
         message = str(exc)
         assert message and "\n" not in message, f"a SymgradError message must be one line: {message!r}"
@@ -267,8 +267,12 @@ def check_forward(text: str, symbols, args: list[torch.Tensor], outputs) -> None
 
 
 def check_expression(text: str, directory: Path, seed: int, smooth: bool) -> str:
-    """The contract for one expression; returns "passed" or raises Refused/KinkArtefact/AssertionError."""
-    source = generate(text)
+    """The contract for one expression; returns "passed" or raises Refused/KinkArtefact/AssertionError.
+
+    Odd seeds generate with ``save="speed"`` (derivatives returned by forward), even ones
+    with the default, so both backward forms are fuzzed.
+    """
+    source = generate(text, save="speed" if seed % 2 else "memory")
     try:
         return _check_module(text, source, directory, seed, smooth)
     except Exception as exc:
