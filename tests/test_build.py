@@ -206,6 +206,8 @@ BAD_CONFIGS = [
     ("[[tool.symgrad.functions]]\nname = 'Sq'\nexpr = 'x**2'\ngrad = { x = 1 }\n", "'grad' must be a table"),
     ("[[tool.symgrad.functions]]\nname = 'Sq'\nexpr = 'x**2'\ninplace = 'yes'\n", "'inplace' must be true or false"),
     ("[[tool.symgrad.functions]]\nname = 'square'\nexpr = 'x**2'\n", "upper-case letter"),
+    ("[[tool.symgrad.functions]]\nname = 'Sq'\nexpr = 'x**2'\nsave = 'fast'\n", "save='fast': expected one of memory, speed"),
+    ("[[tool.symgrad.functions]]\nname = 'Sq'\nexpr = 'x**2'\nsave = 1\n", "'save' must be a non-empty string"),
     ("[[tool.symgrad.functions]]\nname = 'Sq'\nexpr = 'x'\ntemplates = 'nowhere'\n", "is not a directory"),
     (
         "[[tool.symgrad.functions]]\nname = 'SiLU'\nexpr = 'x'\n[[tool.symgrad.functions]]\nname = 'SiLu'\nexpr = 'x'\n",

@@ -122,6 +122,8 @@ ERROR_CASES = [
     (["x*y - x*y + y, x - x", "--name", "Constant", "--inputs", "x,y"], "output 2 does not depend on any input"),
     (["log(x)", "--name", "Log", "--templates", "/nonexistent"], "not a directory"),
     (["x", "--name", "Typo", "--colour"], "unrecognized arguments"),
+    (["exp(x)", "--name", "Fast", "--save", "fast"], "invalid choice: 'fast'"),
+    (["exp(x)", "--name", "Both", "--save", "speed", "--inplace"], "--save speed and --inplace cannot be combined"),
     (["x"], "--name"),
 ]
 

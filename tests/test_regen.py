@@ -202,6 +202,7 @@ def test_foreign_file_is_never_overwritten(cli, tmp_path, content):
         ('{"expr": "x**2"}', "missing field 'name'"),
         ('{"expr": "x**2", "name": "Square", "inputs": "x"}', "'inputs' is not a list of names"),
         ('["x**2", "Square"]', "not an object"),
+        ('{"expr": "x**2", "name": "Square", "save": "fast"}', "'save' is 'fast', not one of memory, speed"),
     ],
 )
 def test_malformed_spec_record(cli, tmp_path, record, fragment):

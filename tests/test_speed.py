@@ -1,0 +1,142 @@
+"""--save speed against the default (--save memory): same values, gradients and second
+derivatives; backward only multiplies; forward's extra outputs are the derivatives.
+
+The generic contract (gradcheck, gradgradcheck, forward AD, vmap, torch.compile, dtypes)
+runs on the checked-in speed modules in tests/test_generated.py; this file compares the two
+policies on expressions chosen for their shapes: broadcasting, reductions, params, several
+outputs, and a derivative that only the default form can express.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import symgrad
+from test_fuzz import import_source
+
+CASES = [
+    ("x*tanh(log(1+exp(x)))", None, None),
+    ("sqrt(x)+1/x", None, None),
+    ("alpha*x*y + log(1 + y**2)*exp(-x)", ["x", "y"], ["alpha"]),
+    ("sum(x*exp(-y)), sin(x)*cos(y)", ["x", "y"], None),
+    ("exp(y)*sin(x), x*y", ["x", "y"], None),
+    ("mean(softplus(x)*x)", None, None),
+    # sign(sin(acosh(x))) cannot be differentiated twice by SymPy: that entry stays recomputed.
+    ("sin(x)*exp(x) + Abs(sin(acosh(x)))", None, None),
+]
+SHAPES = [(3, 4), (4,)]
+
+
+def _modules(tmp_path, expr, inputs, params):
+    modules = []
+    for save in ("memory", "speed"):
+        source = symgrad.generate_source(expr, f"Case{save.title()}", inputs=inputs, params=params, save=save)
+        modules.append(import_source(source, tmp_path))
+    return modules
+
+
+def _sample(module):
+    meta = module.__symgrad__
+    generator = torch.Generator().manual_seed(0)
+    args = []
+    for index, name in enumerate(meta["inputs"]):
+        low, high = meta["domain"][name]
+        x = low + (high - low) * torch.rand(SHAPES[index % 2], generator=generator, dtype=torch.float64)
+        args.append(x.requires_grad_())
+    return args, list(meta["params"].values())
+
+
+def _alias(module):
+    return getattr(module, module.__symgrad__["alias"])
+
+
+def _as_tuple(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
+@pytest.mark.parametrize("expr, inputs, params", CASES, ids=[c[0] for c in CASES])
+def test_speed_matches_memory_to_second_order(expr, inputs, params, tmp_path):
+    memory, speed = _modules(tmp_path, expr, inputs, params)
+    assert speed.__symgrad__["save"] == "speed" and memory.__symgrad__["save"] == "memory"
+    args, numbers = _sample(memory)
+    results = []
+    for module in (memory, speed):
+        outputs = _as_tuple(_alias(module)(*args, *numbers))
+        assert len(outputs) == len(memory.__symgrad__["outputs"])  # the alias hides the derivatives
+        upstream = [torch.full_like(o, 0.7) + 0.1 * torch.arange(o.numel()).reshape(o.shape) for o in outputs]
+        grads = torch.autograd.grad(outputs, args, upstream, create_graph=True)
+        weights = [torch.linspace(-1, 1, g.numel(), dtype=g.dtype).reshape(g.shape) for g in grads]
+        second = torch.autograd.grad(grads, args, weights, allow_unused=True)
+        results.append((outputs, grads, second))
+    for (want_out, want_grad, want_second), (got_out, got_grad, got_second) in zip([results[0]], [results[1]]):
+        for want, got in zip(want_out + want_grad, got_out + got_grad):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        for want, got in zip(want_second, got_second):
+            if want is None or got is None:
+                assert (want is None or not want.any()) and (got is None or not got.any())
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("expr, inputs, params", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_apply_returns_the_derivatives(expr, inputs, params, tmp_path):
+    memory, speed = _modules(tmp_path, expr, inputs, params)
+    args, numbers = _sample(speed)
+    outputs = getattr(speed, speed.__symgrad__["function"]).apply(*args, *numbers)
+    result, derivatives = outputs[0], outputs[1:]
+    assert len(derivatives) == len(args)  # every derivative here is costly enough to return
+    grads = torch.autograd.grad(_alias(memory)(*args, *numbers).sum(), args)
+    for derivative, grad, x in zip(derivatives, grads, args):
+        torch.testing.assert_close(torch.broadcast_to(derivative, result.shape).sum_to_size(x.shape), grad)
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+def test_backward_only_multiplies(tmp_path):
+    """Mish: backward is one multiplication (default mode recomputes softplus, tanh, ...)."""
+    memory, speed = _modules(tmp_path, "x*tanh(log(1+exp(x)))", None, None)
+    counts = {}
+    for module in (memory, speed):
+        x = torch.linspace(-3, 3, 7, dtype=torch.float64, requires_grad=True)
+        y = _alias(module)(x)
+        upstream = torch.ones_like(y)
+        with _CountOps() as mode:
+            (grad,) = torch.autograd.grad(y, x, upstream)
+        counts[module.__symgrad__["save"]] = mode.ops
+    # (detach: unpacking the saved output, no arithmetic)
+    assert [op for op in counts["speed"] if op != "detach"] == ["mul"]
+    assert len(counts["memory"]) > 4 and "tanh" in counts["memory"]
+
+
+def test_saved_tensors_are_the_input_and_the_derivative(tmp_path):
+    _, speed = _modules(tmp_path, "x*tanh(log(1+exp(x)))", None, None)
+    assert speed.__symgrad__["saved"] == ["x", "dresult_dx"]
+    packed = []
+    x = torch.linspace(-3, 3, 7, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        _alias(speed)(x)
+    assert len(packed) == 2 and packed[0] is x
+
+
+def test_cheap_derivatives_are_not_returned(tmp_path):
+    """2*x and exp(x) (= result) cost nothing to recompute: --save speed changes nothing."""
+    for expr in ("2*x", "exp(x)", "x**2"):
+        memory = symgrad.generate_source(expr, "Case")
+        speed = symgrad.generate_source(expr, "Case", save="speed")
+        # The header and metadata record the option; the classes must not differ.
+        assert memory[memory.index("\nclass ") :] == speed[speed.index("\nclass ") :], expr
+
+
+def test_speed_with_inplace_is_refused():
+    with pytest.raises(symgrad.SymgradError, match="--save speed and --inplace cannot be combined"):
+        symgrad.generate_source("exp(x)", "Both", save="speed", inplace=True)
