@@ -6,16 +6,18 @@ one adds 5-30 s per compile):
     python benchmarks/bench.py                      # N = 1e6 and 1e7, float32, CPU
     python benchmarks/bench.py --sizes 1e6 --png bench.png --only Mish GELU
 
-For every expression in EXPRESSIONS it generates two modules with
-``symgrad.generate_source`` into a temporary package (default mode and ``fuse=True``)
-and times one forward plus backward (``torch.autograd.grad`` with a fixed upstream
-gradient) for four variants:
+For every expression in EXPRESSIONS it generates four modules with
+``symgrad.generate_source`` into a temporary package (the default, ``save="speed"``,
+``fuse=True``, and both) and times one forward plus backward (``torch.autograd.grad``
+with a fixed upstream gradient) for six variants:
 
-- ``eager``: the generated class's ``forward`` staticmethod called directly with grad
+- ``eager``: the default module's ``forward`` staticmethod called directly with grad
   enabled: the same torch expression, differentiated by eager autograd;
 - ``compile``: ``torch.compile`` (inductor) of that same eager expression;
-- ``symgrad``: the generated Function (default mode);
-- ``fused``: the generated Function with ``--fuse``.
+- ``symgrad``: the generated Function (default mode, ``--save memory``);
+- ``speed``: the generated Function with ``--save speed``;
+- ``fused``: the generated Function with ``--fuse``;
+- ``fused_speed``: the generated Function with ``--fuse --save speed``.
 
 Times are the median (with min and max) over ``--repeats`` runs after warm-up. The
 first call of ``compile`` and ``fused`` includes compiling; it is reported separately.
@@ -75,7 +77,8 @@ EXPRESSIONS = [
         X,
     ),
 ]
-VARIANTS = ("eager", "compile", "symgrad", "fused")
+VARIANTS = ("eager", "compile", "symgrad", "speed", "fused", "fused_speed")
+COMPILED = ("compile", "fused", "fused_speed")  # their first call compiles
 
 
 @dataclass
@@ -173,12 +176,17 @@ def machine_line(torch, threads: int) -> str:
 
 
 def generate(package_dir: Path, package: str, name: str, expr: str, inputs, domain):
-    """Write the default and fused modules for one expression; import both."""
+    """Write the four symgrad modules for one expression; import them."""
     import symgrad
 
     out = {}
-    for variant, class_name, fuse in (("symgrad", name, False), ("fused", f"{name}Fused", True)):
-        source = symgrad.generate_source(expr, class_name, inputs=inputs, domain=domain, fuse=fuse)
+    for variant, class_name, fuse, save in (
+        ("symgrad", name, False, "memory"),
+        ("speed", f"{name}Speed", False, "speed"),
+        ("fused", f"{name}Fused", True, "memory"),
+        ("fused_speed", f"{name}FusedSpeed", True, "speed"),
+    ):
+        source = symgrad.generate_source(expr, class_name, inputs=inputs, domain=domain, fuse=fuse, save=save)
         stem = f"{name.lower()}_{variant}"
         (package_dir / package / f"{stem}.py").write_text(source)
         out[variant] = importlib.import_module(f"{package}.{stem}")
@@ -196,15 +204,13 @@ def make_inputs(torch, module, n: int):
 
 
 def variants(torch, pair):
-    """The four callables for one expression, each taking the input tensors."""
-    default, fused = pair["symgrad"], pair["fused"]
+    """The six callables for one expression, each taking the input tensors."""
+    default = pair["symgrad"]
     eager_forward = getattr(default, default.__symgrad__["function"]).forward
-    return {
-        "eager": eager_forward,
-        "compile": torch.compile(eager_forward),
-        "symgrad": getattr(default, default.__symgrad__["alias"]),
-        "fused": getattr(fused, fused.__symgrad__["alias"]),
-    }
+    fns = {"eager": eager_forward, "compile": torch.compile(eager_forward)}
+    for variant in VARIANTS[2:]:
+        fns[variant] = getattr(pair[variant], pair[variant].__symgrad__["alias"])
+    return fns
 
 
 def step(torch, fn, xs, upstream):
@@ -215,7 +221,7 @@ def step(torch, fn, xs, upstream):
 
 
 def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float) -> Row:
-    """Time the four variants round-robin, so that load from other processes hits all alike."""
+    """Time the six variants round-robin, so that load from other processes hits all alike."""
     row = Row(name, n)
     try:
         xs = make_inputs(torch, pair["symgrad"], n)
@@ -226,7 +232,7 @@ def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwid
             start = time.perf_counter()
             grads = step(torch, fn, xs, upstream)  # first call: compiles where it compiles
             first = time.perf_counter() - start
-            if variant in ("compile", "fused"):
+            if variant in COMPILED:
                 row.compile_s[variant] = first
             if reference is None:
                 reference = grads
@@ -303,23 +309,33 @@ def fmt_time(t: tuple[float, float, float]) -> str:
 
 
 def table(rows: list[Row]) -> str:
+    names = {"symgrad": "default", "fused_speed": "fused+speed"}
     head = (
-        "| expression | N | eager ms | compile ms | symgrad ms | fused ms | floor ms "
-        "| symgrad/eager | fused/compile | fused/floor | saved MB eager / compile / symgrad / fused | compile s (compile, fused) |"
+        "| expression | N | "
+        + " | ".join(f"{names.get(v, v)} ms" for v in VARIANTS)
+        + " | floor ms | default/eager | speed/eager | fused/compile | fused+speed/compile | best fused/floor"
+        + " | saved MB " + " / ".join(names.get(v, v) for v in VARIANTS)
+        + " | compile s (" + ", ".join(names.get(v, v) for v in COMPILED) + ") |"
     )
-    lines = [head, "|" + "---|" * 12]
+    columns = head.count("|") - 1
+    lines = [head, "|" + "---|" * columns]
     for row in rows:
         if row.error:
-            lines.append(f"| {row.name} | {row.n:.0e} | error: {row.error} |" + " |" * 10)
+            lines.append(f"| {row.name} | {row.n:.0e} | error: {row.error} |" + " |" * (columns - 3))
             continue
-        t = row.times
-        saved = " / ".join(f"{row.saved[v] / 1e6:.0f}" for v in VARIANTS)
-        lines.append(
-            f"| {row.name} | {row.n:.0e} | {fmt_time(t['eager'])} | {fmt_time(t['compile'])} | {fmt_time(t['symgrad'])} "
-            f"| {fmt_time(t['fused'])} | {row.floor_ms:.2f} | {t['symgrad'][0] / t['eager'][0]:.2f} "
-            f"| {t['fused'][0] / t['compile'][0]:.2f} | {t['fused'][0] / row.floor_ms:.1f} | {saved} "
-            f"| {row.compile_s['compile']:.1f}, {row.compile_s['fused']:.1f} |"
-        )
+        t = {v: row.times[v][0] for v in VARIANTS}
+        cells = [row.name, f"{row.n:.0e}"] + [fmt_time(row.times[v]) for v in VARIANTS]
+        cells += [
+            f"{row.floor_ms:.2f}",
+            f"{t['symgrad'] / t['eager']:.2f}",
+            f"{t['speed'] / t['eager']:.2f}",
+            f"{t['fused'] / t['compile']:.2f}",
+            f"{t['fused_speed'] / t['compile']:.2f}",
+            f"{min(t['fused'], t['fused_speed']) / row.floor_ms:.1f}",
+            " / ".join(f"{row.saved[v] / 1e6:.0f}" for v in VARIANTS),
+            ", ".join(f"{row.compile_s[v]:.1f}" for v in COMPILED),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -328,42 +344,63 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
+# Issue 5's targets: (mode, baseline, geomean time at most, geomean saved bytes at most).
+TARGETS = (("symgrad", "eager", 0.6, 0.4), ("fused", "compile", 0.85, None))
+
+
 def summary(rows: list[Row]) -> str:
     ok = [r for r in rows if not r.error]
+    names = {"symgrad": "default", "fused_speed": "fused+speed"}
     lines = []
     for n in sorted({r.n for r in ok}):
         at = [r for r in ok if r.n == n]
+
+        def times(a, b, k=0):
+            return [r.times[a][k] / r.times[b][k] for r in at]
+
+        def saved(a, b):
+            return [r.saved[a] / r.saved[b] for r in at if r.saved[b]]
+
         ratio = {
-            "symgrad/eager time": [r.times["symgrad"][0] / r.times["eager"][0] for r in at],
-            "fused/compile time": [r.times["fused"][0] / r.times["compile"][0] for r in at],
-            "fused/eager time": [r.times["fused"][0] / r.times["eager"][0] for r in at],
-            "symgrad/eager time (min)": [r.times["symgrad"][1] / r.times["eager"][1] for r in at],
-            "fused/compile time (min)": [r.times["fused"][1] / r.times["compile"][1] for r in at],
-            "symgrad/eager saved bytes": [r.saved["symgrad"] / r.saved["eager"] for r in at if r.saved["eager"]],
-            "fused/compile saved bytes": [r.saved["fused"] / r.saved["compile"] for r in at if r.saved["compile"]],
-            "symgrad/floor time": [r.times["symgrad"][0] / r.floor_ms for r in at],
+            "default/eager time": times("symgrad", "eager"),
+            "speed/eager time": times("speed", "eager"),
+            "best of default, speed / eager": [min(r.times["symgrad"][0], r.times["speed"][0]) / r.times["eager"][0] for r in at],
+            "fused/compile time": times("fused", "compile"),
+            "fused+speed/compile time": times("fused_speed", "compile"),
+            "best fused / compile": [min(r.times["fused"][0], r.times["fused_speed"][0]) / r.times["compile"][0] for r in at],
+            "fused/eager time": times("fused", "eager"),
+            "default/eager time (min)": times("symgrad", "eager", 1),
+            "fused/compile time (min)": times("fused", "compile", 1),
+            "default/eager saved bytes": saved("symgrad", "eager"),
+            "speed/eager saved bytes": saved("speed", "eager"),
+            "fused/compile saved bytes": saved("fused", "compile"),
+            "default/floor time": [r.times["symgrad"][0] / r.floor_ms for r in at],
+            "speed/floor time": [r.times["speed"][0] / r.floor_ms for r in at],
             "fused/floor time": [r.times["fused"][0] / r.floor_ms for r in at],
+            "fused+speed/floor time": [r.times["fused_speed"][0] / r.floor_ms for r in at],
             "compile/floor time": [r.times["compile"][0] / r.floor_ms for r in at],
         }
         lines.append(f"N={n:.0e} geometric means over {len(at)} expressions:")
         for label, values in ratio.items():
-            lines.append(f"  {label:<28} {geomean(values):.2f}  (max {max(values):.2f})" if values else f"  {label}: n/a")
-        slower = [r.name for r in at if r.times["symgrad"][0] > r.times["eager"][0]]
-        heavier = [r.name for r in at if r.saved["symgrad"] > r.saved["eager"]]
-        fused_slower = [r.name for r in at if r.times["fused"][0] > r.times["compile"][0]]
-        lines.append(f"  default slower than eager: {', '.join(slower) or 'none'}")
-        lines.append(f"  default saving more bytes than eager: {', '.join(heavier) or 'none'}")
-        lines.append(f"  fused slower than torch.compile: {', '.join(fused_slower) or 'none'}")
-        targets = [
-            ("default: geomean time <= 0.6x eager", geomean(ratio["symgrad/eager time"]) <= 0.6),
-            ("default: geomean saved bytes <= 0.4x eager", geomean(ratio["symgrad/eager saved bytes"]) <= 0.4),
-            ("default: none slower than eager", not slower),
-            ("default: none saves more than eager", not heavier),
-            ("fused: geomean time <= 0.85x torch.compile", geomean(ratio["fused/compile time"]) <= 0.85),
-            ("fused: none slower than torch.compile", not fused_slower),
-        ]
-        for label, met in targets:
-            lines.append(f"  target {label}: {'met' if met else 'MISSED'}")
+            lines.append(f"  {label:<32} {geomean(values):.2f}  (max {max(values):.2f})" if values else f"  {label}: n/a")
+        for mode, baseline, max_time, max_bytes in TARGETS:
+            for variant in (mode, f"{mode}_speed" if mode == "fused" else "speed"):
+                label = names.get(variant, variant)
+                slower = [r.name for r in at if r.times[variant][0] > r.times[baseline][0]]
+                heavier = [r.name for r in at if r.saved[variant] > r.saved[baseline]]
+                lines.append(f"  {label} slower than {baseline}: {', '.join(slower) or 'none'}")
+                checks = [
+                    (f"geomean time <= {max_time}x {baseline}", geomean(times(variant, baseline)) <= max_time),
+                    (f"none slower than {baseline}", not slower),
+                ]
+                if max_bytes is not None:
+                    lines.append(f"  {label} saving more bytes than {baseline}: {', '.join(heavier) or 'none'}")
+                    checks += [
+                        (f"geomean saved bytes <= {max_bytes}x {baseline}", geomean(saved(variant, baseline)) <= max_bytes),
+                        (f"none saves more than {baseline}", not heavier),
+                    ]
+                for check, met in checks:
+                    lines.append(f"  target {label}: {check}: {'met' if met else 'MISSED'}")
     return "\n".join(lines)
 
 
@@ -381,10 +418,11 @@ def chart(rows: list[Row], path: str) -> None:
     figure, axes = plt.subplots(len(sizes), 1, figsize=(12, 4 * len(sizes)), squeeze=False)
     for axis, n in zip(axes[:, 0], sizes):
         at = [r for r in ok if r.n == n]
-        width = 0.2
+        width = 0.8 / len(VARIANTS)
         for k, variant in enumerate(VARIANTS):
             values = [r.times[variant][0] / r.times["eager"][0] for r in at]
-            axis.bar([i + (k - 1.5) * width for i in range(len(at))], values, width, label=variant)
+            offset = (k - (len(VARIANTS) - 1) / 2) * width
+            axis.bar([i + offset for i in range(len(at))], values, width, label=variant)
         axis.scatter(range(len(at)), [r.floor_ms / r.times["eager"][0] for r in at], marker="_", color="k", s=200, label="bandwidth floor")
         axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30)
         axis.set_ylabel("fwd+bwd time / eager")

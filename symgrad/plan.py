@@ -44,8 +44,10 @@ class Fused:
     cache: str
     forward_name: str
     forward: Method
-    backward_name: str
-    backward: Method
+    # None under --save speed: backward is one multiplication per input, which runs eagerly
+    # (compiling it would add a guarded call and fuse nothing).
+    backward_name: str | None
+    backward: Method | None
     jvp_name: str
     jvp: Method
 
@@ -306,16 +308,19 @@ class _Builder:
         forward_call = Method(self.forward_params(), (), f"{runner}({names['forward']}, {', '.join(self.forward_params())})")
 
         values = [self.name(s) for s in saved] + [self.name(p) for p in self.saved_params()]
-        fixed = self.names.grad_outputs + tuple(values)
-        backward, ctx_args = pure(lambda: self.backward(saved, with_unpack=False), fixed)
-        grads = list(self.names.grads)
-        backward = Method(backward.params, backward.lines, ", ".join(grads))
-        call = f"{_unpack(grads) if len(grads) > 1 else grads[0]} = {runner}({names['backward']}, {', '.join(fixed + ctx_args)})"
-        backward_call = Method(
-            ("ctx",) + self.names.grad_outputs,
-            tuple(self.unpack_saved(saved)) + (call,),
-            ", ".join(grads + ["None"] * len(self.params)),
-        )
+        if self.speed:
+            backward, backward_call = None, self.backward(saved)
+        else:
+            fixed = self.names.grad_outputs + tuple(values)
+            backward, ctx_args = pure(lambda: self.backward(saved, with_unpack=False), fixed)
+            grads = list(self.names.grads)
+            backward = Method(backward.params, backward.lines, ", ".join(grads))
+            call = f"{_unpack(grads) if len(grads) > 1 else grads[0]} = {runner}({names['backward']}, {', '.join(fixed + ctx_args)})"
+            backward_call = Method(
+                ("ctx",) + self.names.grad_outputs,
+                tuple(self.unpack_saved(saved)) + (call,),
+                ", ".join(grads + ["None"] * len(self.params)),
+            )
 
         fixed = self.names.tangents + tuple(values)
         jvp, ctx_args = pure(lambda: self.jvp(saved, with_unpack=False), fixed)
@@ -329,7 +334,7 @@ class _Builder:
             cache=names["cache"],
             forward_name=names["forward"],
             forward=forward,
-            backward_name=names["backward"],
+            backward_name=names["backward"] if backward else None,
             backward=backward,
             jvp_name=names["jvp"],
             jvp=jvp,
