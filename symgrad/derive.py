@@ -109,9 +109,15 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 continue
             raw = derivation.raw_gradients[i][j]
             try:
-                second.append(tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs))
+                row = tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs)
             except SymgradError:
                 continue  # SymPy cannot differentiate it again: backward recomputes this one
+            if all(g == 0 for g in row):
+                # Piecewise constant (3*sign(x)): cheap to recompute, and it may even fold to a
+                # number while printing, which forward could not return as a tensor (found by
+                # the fuzz campaign).
+                continue
+            second.append(row)
             derivatives.append((i, j))
     if not derivatives:
         return derivation
@@ -121,7 +127,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         forward=derivation.forward + tuple(out.expr for out in extra_outputs),
         gradients=derivation.gradients + tuple(second),
         surrogate=derivation.surrogate,
-        nondifferentiable=derivation.nondifferentiable + tuple(all(g == 0 for g in row) for row in second),
+        nondifferentiable=derivation.nondifferentiable + (False,) * len(second),
         domain=derivation.domain,
         derivatives=tuple(derivatives),
         raw_gradients=derivation.raw_gradients,

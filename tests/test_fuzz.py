@@ -409,6 +409,15 @@ CAMPAIGN_FINDS = [
     ("sum(log(sinh(erfc((3) - (x))), 10)), sinh(sinh(erfc((3) - (x))))", 3, "passed"),
     ("atan(erfc(tan(-(x))))", 27137, "passed"),
     ("logaddexp(asin(log(log(3, 2), E)), log(x, E))", 2147483647, "passed"),
+    # --save speed (odd seed): a piecewise-constant derivative folded to the number -1 while
+    # printing, and forward returned it as an output.
+    (
+        "Max(Piecewise((-(x), not ((((x) > (pi)) and ((x) < (0.5) < (10))) and (((x) <= (x)) or (not"
+        " (((x) > (1e-3)) and (((x) <= (x)) or (not (((x) <= (1e-3)) and ((((x) < (x)) or ((x) < (2) < (x)))"
+        " or ((7) < (7) < (2))))))))))), (Piecewise((Heaviside(x), True)), True)))",
+        1,
+        "passed",
+    ),
 ]
 
 
