@@ -93,6 +93,28 @@ def derive(parsed: Parsed) -> Derivation:
 SPEED_MIN_OPS = 2
 
 
+def _shares_work(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr) -> bool:
+    """Whether computing ``derivative`` next to ``forward`` reuses any of forward's work.
+
+    Only then does returning it from forward save time: otherwise its cost just moves from
+    backward to forward, plus a tensor written and read back (3*x**2 next to x**3).
+    """
+    temps, reduced = sympy.cse(list(forward) + [derivative], order="canonical")
+    definitions = dict(temps)
+
+    def closure(exprs) -> set[sympy.Symbol]:
+        seen: set[sympy.Symbol] = set()
+        stack = [s for e in exprs for s in e.free_symbols if s in definitions]
+        while stack:
+            symbol = stack.pop()
+            if symbol not in seen:
+                seen.add(symbol)
+                stack += [s for s in definitions[symbol].free_symbols if s in definitions]
+        return seen
+
+    return bool(closure(reduced[:-1]) & closure(reduced[-1:]))
+
+
 def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     """--save speed: forward also returns each costly derivative, sharing work with the output.
 
@@ -106,6 +128,8 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     for i, row in enumerate(derivation.gradients):
         for j, gradient in enumerate(row):
             if derivation.nondifferentiable[i] or not gradient.free_symbols or op_count(gradient) < SPEED_MIN_OPS:
+                continue
+            if not _shares_work(derivation.forward, gradient):
                 continue
             raw = derivation.raw_gradients[i][j]
             try:
