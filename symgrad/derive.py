@@ -50,8 +50,9 @@ class Derivation:
     nondifferentiable: tuple[bool, ...]
     domain: tuple[tuple[sympy.Symbol, float, float], ...]
     # --save speed: outputs past the user's are derivatives that forward computes along with
-    # them; entry k says output ``len(parsed.outputs) + k`` is d(output i)/d(input j).
-    derivatives: tuple[tuple[int, int], ...] = ()
+    # them; entry k lists the (output i, input j) whose d(output i)/d(input j) is output
+    # ``len(parsed.outputs) + k`` (several when equal: d/dx and d/dy of cos(x + y)).
+    derivatives: tuple[tuple[tuple[int, int], ...], ...] = ()
     # Each derivative's unstabilised form, for differentiating it again.
     raw_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
 
@@ -124,10 +125,16 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     The derivative outputs' own gradient rows are those second derivatives.
     """
     parsed = derivation.parsed
-    derivatives, second = [], []
+    derivatives: list[list[tuple[int, int]]] = []
+    second, returned = [], []
     for i, row in enumerate(derivation.gradients):
         for j, gradient in enumerate(row):
             if derivation.nondifferentiable[i] or not gradient.free_symbols or op_count(gradient) < SPEED_MIN_OPS:
+                continue
+            if gradient in derivation.forward:
+                continue  # exp(x + 1): the output itself, which backward reuses anyway
+            if gradient in returned:
+                derivatives[returned.index(gradient)].append((i, j))  # one tensor, returned once
                 continue
             if not _shares_work(derivation.forward, gradient):
                 continue
@@ -142,10 +149,11 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 # the fuzz campaign).
                 continue
             second.append(row)
-            derivatives.append((i, j))
+            returned.append(gradient)
+            derivatives.append([(i, j)])
     if not derivatives:
         return derivation
-    extra_outputs = tuple(Output(derivation.gradients[i][j]) for i, j in derivatives)
+    extra_outputs = tuple(Output(gradient) for gradient in returned)
     return Derivation(
         parsed=Parsed(**{**parsed.__dict__, "outputs": parsed.outputs + extra_outputs}),
         forward=derivation.forward + tuple(out.expr for out in extra_outputs),
@@ -153,7 +161,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         surrogate=derivation.surrogate,
         nondifferentiable=derivation.nondifferentiable + (False,) * len(second),
         domain=derivation.domain,
-        derivatives=tuple(derivatives),
+        derivatives=tuple(tuple(entries) for entries in derivatives),
         raw_gradients=derivation.raw_gradients,
     )
 

@@ -76,6 +76,11 @@ class Plan:
     refuses_double_backward: bool  # in place, with a copy of the input that is not in the graph
     surrogate: bool
     fused: Fused | None = None
+    # --save speed: a module-level function computing the outputs alone, and how the alias
+    # calls it when grad mode is off (inference needs no derivatives).
+    value_name: str | None = None
+    value: Method | None = None
+    value_call: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,10 @@ def make_plan(derivation: Derivation) -> Plan:
     names = _assign_names(derivation, alias)
     rows = _choose_saved_forms(derivation, names)
     n_user = len(parsed.outputs)
-    for k, (i, j) in enumerate(derivation.derivatives):
-        # Backward multiplies by the derivative forward returned, instead of recomputing it.
-        rows[i] = rows[i][:j] + (names.results[n_user + k],) + rows[i][j + 1 :]
+    for k, entries in enumerate(derivation.derivatives):
+        for i, j in entries:
+            # Backward multiplies by the derivative forward returned, instead of recomputing it.
+            rows[i] = rows[i][:j] + (names.results[n_user + k],) + rows[i][j + 1 :]
     return _Builder(derivation, names, tuple(rows), alias).build()
 
 
@@ -111,7 +117,7 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     parsed = derivation.parsed
     spec = parsed.spec
     n_out = len(parsed.outputs)
-    module_level = {spec.name, f"_{spec.name}NoJvp", alias, "torch"}
+    module_level = {spec.name, f"_{spec.name}NoJvp", alias, "torch", _value_name(alias)}
     if spec.fuse:
         module_level |= set(_fused_names(alias).values())
     # Builtins the generated bodies call, which a user symbol must not shadow.
@@ -130,7 +136,7 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     result_names = ["result"] if n_user == 1 else [f"result{i}" for i in range(n_user)]
     grad_names = ["grad_output"] if n_user == 1 else [f"grad_output{i}" for i in range(n_user)]
     # --save speed: d(result)/d(x) is returned as an output named dresult_dx.
-    for i, j in derivation.derivatives:
+    for (i, j), *_ in derivation.derivatives:
         result_names.append(f"d{result_names[i]}_d{internal[parsed.inputs[j]]}")
         grad_names.append(f"grad_{result_names[-1]}")
     symbols = dict(internal)
@@ -139,6 +145,11 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     grads = tuple(namer.claim(f"grad_{internal[s]}") for s in parsed.inputs)
     tangents = tuple(namer.claim(f"{internal[s]}_tangent") for s in parsed.inputs + parsed.params)
     return _Names(symbols, public, results, grad_outputs, grads, tangents, namer.numbered("t"), namer)
+
+
+def _value_name(alias: str) -> str:
+    """The module-level function that computes a --save speed module's outputs alone."""
+    return f"_{alias}_value"
 
 
 def _fused_names(alias: str) -> dict[str, str]:
@@ -198,7 +209,10 @@ class _Builder:
         # --save speed: the outputs past the user's are derivatives (derive.with_derivatives_as_outputs).
         self.n_user = self.n_out - len(derivation.derivatives)
         self.speed = bool(derivation.derivatives)
+        # Names claimed on first use, and per-input counts of the terms speed_backward adds.
         self.term_name: str | None = None
+        self.jvp_term_name: str | None = None
+        self.contributions = [0] * len(self.inputs)
         # Shapes are needed to un-broadcast gradients only when tensors can broadcast.
         self.broadcasts = len(self.inputs) + len(self.params) > 1
         # In fused mode the bodies are built as pure functions: every ``ctx`` attribute
@@ -267,7 +281,17 @@ class _Builder:
             if inplace:
                 raise SymgradError("--fuse and --inplace cannot be combined: an in-place Function is not fused")
             fused = self.fused(saved)
+        value = value_call = None
+        if self.speed and not any(self.d.surrogate):
+            value = self.forward(outputs=self.n_user)
+            args = ", ".join(self.forward_params())
+            value_call = f"{_value_name(self.alias)}({args})"
+            if fused:
+                value_call = f"{fused.plan.runner}({_value_name(self.alias)}, {args})"
         return Plan(
+            value_name=_value_name(self.alias) if value else None,
+            value=value,
+            value_call=value_call,
             class_name=self.p.spec.name,
             no_jvp_class=f"_{self.p.spec.name}NoJvp",
             alias=self.alias,
@@ -341,17 +365,22 @@ class _Builder:
         )
         return _FusedParts(plan, forward_call, backward_call, jvp_call)
 
-    def forward(self) -> Method:
-        exprs = list(self.d.forward)
+    def forward(self, outputs: int | None = None) -> Method:
+        """The forward body; with ``outputs``, only the first that many outputs."""
+        exprs = list(self.d.forward[:outputs])
         temps, reduced = self.cse(exprs)
         reference = self.reference = self.name(self.inputs[0])
         lines = self.tensorize(exprs, reference)
         lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
         values = []
-        for out, expr in zip(self.outputs, reduced):
+        returned = set()
+        for out, expr in zip(self.outputs[:outputs], reduced):
             text = self.code(expr)
-            if expr.is_Symbol and expr in self.inputs:
-                text = f"{text}.clone()"  # never return an input as-is
+            if out.reduction is None and (expr in returned or expr.is_Symbol and expr in self.inputs):
+                # Never return an input, or one tensor twice (sin(x)*x, sin(x)*x): forward-mode
+                # AD and torch.compile need every output to be a tensor of its own.
+                text = f"{text}.clone()"
+            returned.add(expr)
             if out.reduction is not None:
                 text = f"({text}).{out.reduction}()"
             values.append(text)
@@ -513,6 +542,8 @@ class _Builder:
         first = [i for i in range(self.n_user) if self.live[i]]
         second = [i for i in range(self.n_user, self.n_out) if self.live[i]]
         self.reference = self.name(self.names.results[self.n_user])
+        # Number params that torch functions take (in recomputed entries and second derivatives).
+        lines += self.tensorize([g for i in first + second for g in self.rows[i]], self.reference)
         for i in first:
             lines.append(f"if {self.names.grad_outputs[i]} is not None:")
             for j in range(len(self.inputs)):
@@ -526,7 +557,6 @@ class _Builder:
                 lines.append(f"{INDENT}# Double backward: the derivative is an output too, so it is differentiated again.")
             exprs = [self.rows[m][j] for j in entries]
             temps, reduced = self.cse(exprs)
-            lines += [INDENT + line for line in self.tensorize(exprs, self.reference)]
             lines += [f"{INDENT}{self.name(t)} = {self.code(e)}" for t, e in temps]
             for j, expr in zip(entries, reduced):
                 lines.append(f"{INDENT}if {self.ctx_ref('needs_input_grad')}[{j}]:")
@@ -560,17 +590,26 @@ class _Builder:
                 text = f"{text} / {shape}.numel()"
         return text
 
+    def single_tangent(self) -> bool:
+        """Whether jvp gets exactly one tangent, which is never None."""
+        return len(self.inputs) == 1 and not self.params
+
     def setup_forward_ad(self, saved: list[sympy.Symbol]) -> tuple[str, ...]:
         lines = self.save_lines("save_for_forward", saved)
-        if not lines:
+        results = [self.name(r) for r in self.names.results]
+        # With several tangents, an output none of the given ones reaches gets a zero tangent
+        # of its own dtype (not the inputs': float16 x and float32 y give a float32 output).
+        dtypes = [] if self.single_tangent() else [
+            f"ctx.{results[i]}_dtype = {results[i]}.dtype" for i in range(self.n_out) if self.live[i]
+        ]
+        if not lines and not dtypes:
             return ()
         unpack = []
         if any(s in self.inputs for s in saved) or self.saved_params():
             unpack.append(f"{_unpack(self.forward_params())} = inputs")
-        results = [self.name(r) for r in self.names.results]
-        if any(r in saved for r in self.names.results):
+        if any(r in saved for r in self.names.results) or dtypes:
             unpack.append(f"{_unpack(results)} = output" if self.n_out > 1 else f"{results[0]} = output")
-        return tuple(unpack + lines)
+        return tuple(unpack + dtypes + lines)
 
     def jvp(self, saved: list[sympy.Symbol], with_unpack: bool = True) -> Method:
         lines = self.unpack_saved(saved) if with_unpack else []
@@ -589,7 +628,9 @@ class _Builder:
         lines += self.tensorize(exprs, self.reference)
         lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
         returns = []
-        single = len(self.inputs) == 1 and not self.params
+        single = self.single_tangent()
+        if not single:
+            self.jvp_term_name = self.names.namer.claim("term")
         for i, out in enumerate(self.outputs):
             result = self.name(self.names.results[i])
             tangent = self.names.namer.claim(f"{result}_tangent")
@@ -607,15 +648,23 @@ class _Builder:
                     value = f"({value}).expand({self.ctx_ref(self.shape_attr(i))}).{out.reduction}()"
                 lines.append(f"{tangent} = {value}")
             else:
-                lines.append(f"{tangent} = 0")
-                for j, term in terms:
+                lines.append(f"{tangent} = None")
+                for k, (j, term) in enumerate(terms):
                     lines.append(f"if {self.names.tangents[j]} is not None:")
-                    lines.append(f"{INDENT}{tangent} = {tangent} + {term}")
-                # The engine does not broadcast tangents: each must have its output's shape, and
-                # a float dtype even where no tangent contributed (the sum is still the int 0).
-                shape = self.ctx_ref(self.shape_attr(i))
-                like = f"dtype={self.reference}.dtype, device={self.reference}.device"
-                value = f"torch.as_tensor({tangent}, {like}).expand({shape})"
+                    if k == 0:
+                        lines.append(f"{INDENT}{tangent} = {term}")
+                    else:
+                        lines.append(f"{INDENT}{self.jvp_term_name} = {term}")
+                        lines.append(
+                            f"{INDENT}{tangent} = {self.jvp_term_name} if {tangent} is None"
+                            f" else {tangent} + {self.jvp_term_name}"
+                        )
+                lines.append(f"if {tangent} is None:")
+                lines.append(f"{INDENT}# No given tangent reaches this output: its tangent is a zero of its dtype.")
+                dtype = self.ctx_ref(f"{result}_dtype")
+                lines.append(f"{INDENT}{tangent} = torch.zeros((), dtype={dtype}, device={self.reference}.device)")
+                # The engine does not broadcast tangents: each must have its output's shape.
+                value = f"{tangent}.expand({self.ctx_ref(self.shape_attr(i))})"
                 lines.append(f"{tangent} = {value}.{out.reduction}()" if out.reduction is not None else f"{tangent} = {value}")
             returns.append(tangent)
         return Method(("ctx",) + self.names.tangents, tuple(lines), ", ".join(returns))
@@ -657,7 +706,8 @@ class _Builder:
                 f"--save speed: forward also computes {', '.join(derivatives)}, sharing work with the"
                 f" output, so `{self.p.spec.name}.apply` returns {self.n_out} tensors and the alias"
                 f" returns the first {self.n_user}. Backward multiplies by the saved derivatives"
-                " instead of recomputing them; double backward differentiates them again.",
+                " instead of recomputing them; double backward differentiates them again. With"
+                " grad mode off (inference), the alias computes the outputs alone.",
                 width=88,
             )
         return "\n".join(lines)
@@ -678,10 +728,12 @@ class _Builder:
                 parts.append(f"{self.name(symbol)} (the gradient depends on it)")
         parts += [f"{self.name(p)} (a param the gradient uses)" for p in self.saved_params()]
         n_tensors = len(saved)
+        # Each saved tensor is at most the size of the (broadcast) output; exactly, with one input.
+        at_most = "at most " if self.broadcasts else ""
         text = (
             "Saved for backward: " + "; ".join(parts) + "."
-            f" That is {n_tensors} tensor{'s' if n_tensors != 1 else ''}: {4 * n_tensors} bytes per element"
-            " in float32."
+            f" That is {n_tensors} tensor{'s' if n_tensors != 1 else ''}: {at_most}{4 * n_tensors} bytes per"
+            " element of the output in float32."
         )
         if once:
             text += " The copy is not part of the graph, so double backward is refused."

@@ -25,6 +25,11 @@ CASES = [
     ("mean(softplus(x)*x)", None, None),
     # sign(sin(acosh(x))) cannot be differentiated twice by SymPy: that entry stays recomputed.
     ("sin(x)*exp(x) + Abs(sin(acosh(x)))", None, None),
+    # d/dx is recomputed (cheap) and passes a number param to torch.sin (review find).
+    ("sin(alpha)*x + exp(y)*y**2", ["x", "y"], ["alpha"]),
+    # Equal derivatives (d/dx = d/dy) are one output; d/dx exp(x + 1) is the output itself.
+    ("cos(x + y)", None, None),
+    ("exp(x + 1)", None, None),
 ]
 SHAPES = [(3, 4), (4,)]
 
@@ -68,7 +73,9 @@ def test_speed_matches_memory_to_second_order(expr, inputs, params, tmp_path):
         upstream = [torch.full_like(o, 0.7) + 0.1 * torch.arange(o.numel()).reshape(o.shape) for o in outputs]
         grads = torch.autograd.grad(outputs, args, upstream, create_graph=True)
         weights = [torch.linspace(-1, 1, g.numel(), dtype=g.dtype).reshape(g.shape) for g in grads]
-        second = torch.autograd.grad(grads, args, weights, allow_unused=True)
+        # A gradient that is constant (sin(alpha) for x) has no graph: its second derivative is 0.
+        pairs = [(g, w) for g, w in zip(grads, weights) if g.requires_grad]
+        second = torch.autograd.grad([g for g, _ in pairs], args, [w for _, w in pairs], allow_unused=True)
         results.append((outputs, grads, second))
     for (want_out, want_grad, want_second), (got_out, got_grad, got_second) in zip([results[0]], [results[1]]):
         for want, got in zip(want_out + want_grad, got_out + got_grad):
@@ -142,3 +149,62 @@ def test_cheap_derivatives_are_not_returned(tmp_path):
 def test_speed_with_inplace_is_refused():
     with pytest.raises(symgrad.SymgradError, match="--save speed and --inplace cannot be combined"):
         symgrad.generate_source("exp(x)", "Both", save="speed", inplace=True)
+
+
+# Outputs that are one tensor in SymPy's eyes: each must still be a tensor of its own, or
+# forward-mode AD and torch.compile fail (review find).
+SAME_TENSOR = ["exp(x + 1)", "cos(x + y)", "exp(x + y)", "sin(x)*x, sin(x)*x", "exp(y)*sin(x), x*y"]
+
+
+@pytest.mark.parametrize("save", ["memory", "speed"])
+@pytest.mark.parametrize("expr", SAME_TENSOR)
+def test_forward_ad_and_compile_with_equal_outputs(expr, save, tmp_path):
+    module = import_source(symgrad.generate_source(expr, "Same", save=save), tmp_path)
+    fn = _alias(module)
+    args, _ = _sample(module)
+    assert torch.autograd.gradcheck(fn, tuple(args), check_forward_ad=True)
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for got, want in zip(_as_tuple(compiled(*args)), _as_tuple(fn(*args))):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("save", ["memory", "speed"])
+def test_tangent_has_the_output_dtype(save, tmp_path):
+    """float16 x and float32 y: the output and its tangent are float32 (review find: the
+    tangent took the first saved tensor's dtype)."""
+    module = import_source(symgrad.generate_source("x*sin(y)*exp(y)", "Mixed", save=save), tmp_path)
+    x = torch.rand(5, dtype=torch.float16)
+    y = torch.rand(5, dtype=torch.float32)
+    for tangents in ((torch.ones_like(x), torch.ones_like(y)), (torch.ones_like(x), torch.zeros_like(y))):
+        out, tangent = torch.func.jvp(_alias(module), (x, y), tangents)
+        assert out.dtype == tangent.dtype == torch.float32
+        want = tangents[0].float() * torch.sin(y) * torch.exp(y) + tangents[1] * x.float() * torch.exp(y) * (
+            torch.sin(y) + torch.cos(y)
+        )
+        torch.testing.assert_close(tangent, want, rtol=1e-5, atol=1e-5)
+
+
+def test_zero_tangent_where_no_tangent_reaches(tmp_path):
+    module = import_source(symgrad.generate_source("exp(y), x*y", "Split2", inputs=["x", "y"]), tmp_path)
+    import torch.autograd.forward_ad as fwAD
+
+    x = torch.rand(3, dtype=torch.float64)
+    y = torch.rand(3, dtype=torch.float32)
+    with fwAD.dual_level():
+        first, second = _alias(module)(fwAD.make_dual(x, torch.ones_like(x)), y)
+        zero = fwAD.unpack_dual(first).tangent
+        assert zero.dtype == torch.float32 and not zero.any()
+        torch.testing.assert_close(fwAD.unpack_dual(second).tangent, y.double())
+
+
+def test_inference_skips_the_derivatives(tmp_path):
+    """Under no_grad the alias computes the outputs alone: the same ops as the default."""
+    memory, speed = _modules(tmp_path, "x*tanh(log(1+exp(x)))", None, None)
+    x = torch.linspace(-3, 3, 7, dtype=torch.float64, requires_grad=True)
+    counts, values = {}, {}
+    for module in (memory, speed):
+        with torch.no_grad(), _CountOps() as mode:
+            values[module.__symgrad__["save"]] = _alias(module)(x)
+        counts[module.__symgrad__["save"]] = mode.ops
+    assert counts["speed"] == counts["memory"]
+    torch.testing.assert_close(values["speed"], values["memory"], rtol=0, atol=0)
