@@ -20,6 +20,10 @@ SIMPLIFY_MAX_OPS = 40
 # ... and not on powers of sums above this exponent: simplify expands them, so a tiny
 # 1000*(x + y + z)**999 would never finish (found by the fuzz campaign).
 SIMPLIFY_MAX_POWER = 8
+# ... nor where folding its Piecewise/Max/Min together makes more than this many branches:
+# simplify folds them and then simplifies every branch (Piecewise(2) - Max(4 args) with a
+# nested Piecewise ran for minutes; found by the fuzz campaign).
+SIMPLIFY_MAX_BRANCHES = 8
 
 # Candidate sampling intervals, tried in order; the first on which the function and its
 # gradients are finite and moderate wins. Chosen to suit common domains: all reals,
@@ -227,6 +231,15 @@ def _simplified(expr: sympy.Expr) -> sympy.Expr:
         return expr
 
 
+def _piecewise_branches(expr: sympy.Expr) -> int:
+    """How many branches folding every Piecewise, Max and Min of ``expr`` together can make."""
+    branches = 1
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, (sympy.Piecewise, sympy.Max, sympy.Min)):
+            branches *= len(node.args)
+    return branches
+
+
 def _simplify_is_bounded(expr: sympy.Expr) -> bool:
     """Whether ``simplify`` runs in bounded time on ``expr`` (small, no large powers of sums)."""
     if op_count(expr) > SIMPLIFY_MAX_OPS:
@@ -234,6 +247,8 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
     if expr.has(sympy.gamma, sympy.loggamma, sympy.polygamma):
         # gammasimp inside simplify ran for minutes on a 30-op derivative with
         # polygamma(1, cosh(2*x)) (found by the fuzz campaign)
+        return False
+    if _piecewise_branches(expr) > SIMPLIFY_MAX_BRANCHES:
         return False
     return not any(
         p.base.is_Add and p.exp.is_Rational and abs(p.exp) > SIMPLIFY_MAX_POWER for p in expr.atoms(sympy.Pow)

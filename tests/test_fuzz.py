@@ -418,6 +418,14 @@ CAMPAIGN_FINDS = [
         1,
         "passed",
     ),
+    # simplify folded Piecewise(2) - Max(4 args) into dozens of branches and ran for minutes:
+    # now skipped (SIMPLIFY_MAX_BRANCHES), and the expression is refused for its domain.
+    (
+        "Max(Piecewise((acosh((x)**(3/2)), not (((y) < (y)) or ((x) < (0)))), (((-(x)) <= (sign(x))), True)),"
+        " Max(y), Max(sinh(y), -(log(y, 2)), (((10) + (x)) < (log(2.5, E)))))",
+        77751339,
+        "could not find an interval",
+    ),
 ]
 
 
