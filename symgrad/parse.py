@@ -350,6 +350,10 @@ class _Builder:
             real, imag = sympy.Float(real, 17), sympy.Float(imag, 17)
         except (TypeError, ValueError, ArithmeticError, RecursionError, AttributeError):
             raise self.fail(node, f"the constant {self.source(node)} cannot be evaluated") from None
+        if not (real.is_finite and imag.is_finite):
+            # a pole that SymPy does not fold to zoo: digamma(-2) evaluates to nan (found by
+            # the fuzz campaign)
+            raise self.fail(node, f"the constant {self.source(node)} is infinite or undefined (like 1/0 or log(0))")
         if imag != 0 and abs(imag) > 1e-12 * max(abs(real), 1):
             raise self.fail(
                 node, f"the constant {self.source(node)} is complex; symgrad works over the real numbers"
