@@ -157,12 +157,13 @@ CASES = [
 _MODULES: dict[str, object] = {}
 
 
-def load(case: Case, directory) -> object:
+def load(case: Case, directory, save: str = "memory") -> object:
     """Generate, write and import the case's module (cached per test session)."""
-    if case.name in _MODULES:
-        return _MODULES[case.name]
+    key = case.name if save == "memory" else f"{case.name}_{save}"
+    if key in _MODULES:
+        return _MODULES[key]
     try:
-        source = generate_source(case.expr, "Stable_" + case.name, domain=case.domain or None)
+        source = generate_source(case.expr, "Stable_" + key, domain=case.domain or None, save=save)
     except SymgradError:
         if _derive_pi_bug():
             pytest.xfail(
@@ -171,14 +172,14 @@ def load(case: Case, directory) -> object:
                 " (erf: GELU) fails with 'could not find an interval'"
             )
         raise
-    path = directory / f"stable_{case.name}.py"
+    path = directory / f"stable_{key}.py"
     path.write_text(source)
-    module_name = f"_symgrad_stability_{case.name}"
+    module_name = f"_symgrad_stability_{key}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # before exec_module, as torch.compile needs
     spec.loader.exec_module(module)
-    _MODULES[case.name] = module
+    _MODULES[key] = module
     return module
 
 
@@ -274,10 +275,12 @@ def errors(case: Case, fn, dtype):
     return rows
 
 
+@pytest.mark.parametrize("save", ["memory", "speed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_values_and_gradients_match_exact_math(case, dtype, gen_dir):
-    module = load(case, gen_dir)
+def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir):
+    """Both save policies: --save speed computes the same stable derivative, in forward."""
+    module = load(case, gen_dir, save)
     rtol = case.rtol.get(dtype, RTOL[dtype])
     bad = []
     for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype):
