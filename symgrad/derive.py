@@ -225,10 +225,59 @@ def _simplified(expr: sympy.Expr) -> sympy.Expr:
     (SymPy raises, e.g. "The argument 'exp(-1)*_rf(1, E)' is not comparable." from Max
     inside simplify, or a RecursionError on nested Piecewise; found by the fuzz campaign.)
     """
+    abstracted, arguments = _abstract_trig_arguments(expr)
     try:
-        return sympy.simplify(expr, ratio=1)
+        simplified = sympy.simplify(abstracted, ratio=1)
+        # Newest first: a symbol's value may hold older symbols (sinh(sinh(u)) nests them).
+        for dummy, value in reversed(arguments.items()):
+            simplified = simplified.xreplace({dummy: value})
+        return simplified
     except (ValueError, TypeError, ArithmeticError, AttributeError, RecursionError, sympy.polys.polyerrors.PolynomialError):
         return expr
+
+
+_TRIG = (
+    sympy.sin, sympy.cos, sympy.tan, sympy.cot, sympy.sec, sympy.csc,
+    sympy.sinh, sympy.cosh, sympy.tanh, sympy.coth, sympy.sech, sympy.csch,
+)
+
+
+def _abstract_trig_arguments(expr: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.Dummy, sympy.Expr]]:
+    """Replace each compound argument of a (hyperbolic) trig function by a symbol.
+
+    trigsimp inside simplify expands multiple-angle and sum formulas: it took 64 s on the
+    10-op -128*sinh(8*x + 16)/cosh(8*x + 16)**3 (found by the fuzz campaign). Over a symbol
+    it keeps the identities that matter here (sin**2 + cos**2 = 1, sinh/cosh = tanh) and
+    finishes at once. Returns the new expression and the map back, oldest symbol first.
+    """
+    symbols: dict[sympy.Expr, sympy.Dummy] = {}
+
+    def symbol_for(value: sympy.Expr) -> sympy.Dummy:
+        if value not in symbols:
+            symbols[value] = sympy.Dummy(f"arg{len(symbols)}", real=True)
+        return symbols[value]
+
+    if _mixes_trig(expr):
+        # Next to radicals of sums or other transcendental functions, trigsimp factors over
+        # algebraic extensions for minutes ((acosh(x) - x + 1)**(cosh(x) - atan(x)); found
+        # by the fuzz campaign): the trig calls themselves become symbols.
+        abstracted = expr.replace(lambda n: isinstance(n, _TRIG), symbol_for)
+    else:
+        abstracted = expr.replace(
+            lambda n: isinstance(n, _TRIG) and not n.args[0].is_Atom, lambda n: n.func(symbol_for(n.args[0]))
+        )
+    return abstracted, {dummy: value for value, dummy in symbols.items()}
+
+
+def _mixes_trig(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` has trig functions next to other functions or radicals of sums."""
+    if not expr.has(*_TRIG):
+        return False
+    others = any(
+        isinstance(node, sympy.Function) and not isinstance(node, _TRIG) for node in sympy.preorder_traversal(expr)
+    )
+    radicals = any(p.base.is_Add and not p.exp.is_Integer for p in expr.atoms(sympy.Pow))
+    return others or radicals
 
 
 def _piecewise_branches(expr: sympy.Expr) -> int:

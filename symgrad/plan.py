@@ -5,6 +5,7 @@ Everything the templates print is decided here; they only loop over the lines.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import textwrap
 from dataclasses import dataclass
@@ -579,9 +580,7 @@ class _Builder:
 
     def backward_term(self, output: int, expr: sympy.Expr) -> str:
         grad_output = self.names.grad_outputs[output]
-        text = grad_output if _is_one(expr) else f"{grad_output} * {self.code(expr)}"
-        if not _is_one(expr) and isinstance(expr, sympy.Add):
-            text = f"{grad_output} * ({self.code(expr)})"
+        text = grad_output if _is_one(expr) else f"{grad_output} * {_factor(self.code(expr))}"
         reduction = self.outputs[output].reduction
         if reduction is not None:
             shape = self.ctx_ref(self.shape_attr(output))
@@ -673,9 +672,7 @@ class _Builder:
         tangent = self.names.tangents[j]
         if _is_one(expr):
             return tangent
-        if isinstance(expr, sympy.Add):
-            return f"{tangent} * ({self.code(expr)})"
-        return f"{tangent} * {self.code(expr)}"
+        return f"{tangent} * {_factor(self.code(expr))}"
 
     # -- documentation ----------------------------------------------------------------
     def docstring(self, saved: list[sympy.Symbol]) -> str:
@@ -803,6 +800,19 @@ def _temp_users(temps, reduced, groups: list[int]) -> dict[sympy.Symbol, set[int
             if symbol in users:
                 users[symbol] |= users[temp]
     return users
+
+
+def _factor(code: str) -> str:
+    """``code`` as the right operand of ``*``: parenthesised if it is a sum or difference.
+
+    Decided on the printed text, not on the SymPy type: an unevaluated Mul(-1, 1 + u) prints
+    as ``-1 - u`` (found by the fuzz campaign: ``grad * -1 - u`` was printed).
+    """
+    top = ast.parse(code, mode="eval").body
+    if isinstance(top, (ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant, ast.Attribute, ast.Subscript)):
+        if not (isinstance(top, ast.BinOp) and isinstance(top.op, (ast.Add, ast.Sub))):
+            return code
+    return f"({code})"
 
 
 def _is_one(expr: sympy.Expr) -> bool:
