@@ -12,6 +12,7 @@ from sympy.printing.pycode import MpmathPrinter
 
 from .errors import SymgradError
 from .parse import Output, Parsed
+from .printer import numbers_to_floats
 from .stable import stabilize
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
@@ -65,6 +66,13 @@ def derive(parsed: Parsed) -> Derivation:
     """Differentiate every output by every input, simplify within bounds, stabilise."""
     surrogates = dict(parsed.surrogates)
     forward = tuple(stabilize(out.expr) for out in parsed.outputs)
+    for index, expr in enumerate(forward):
+        folded = numbers_to_floats(expr)
+        if not folded.free_symbols & set(parsed.inputs):
+            # The generated code uses float constants, with which SymPy decides comparisons
+            # it left open exactly: Max(2, acos(1/2) - abs(x)) is 2 (found by the fuzz campaign).
+            where = f"output {index + 1}" if len(forward) > 1 else "the expression"
+            raise SymgradError(f"{where} is constant ({folded}) for every input, so it has no gradient")
     raw = tuple(
         tuple(
             surrogates[symbol] if symbol in surrogates else cheapest_form(_differentiate(out.expr, symbol))

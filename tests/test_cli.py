@@ -119,6 +119,7 @@ ERROR_CASES = [
     (["floor(x)", "--name", "Floor"], "piecewise constant"),
     (["p*2", "--name", "OnlyParam", "--params", "p"], "no differentiable input"),
     (["x - x + 1", "--name", "Constant"], "no differentiable input"),
+    (["Max(2, acos(1/2) - abs(x))", "--name", "Constant"], "is constant (2) for every input"),
     (["x*y - x*y + y, x - x", "--name", "Constant", "--inputs", "x,y"], "output 2 does not depend on any input"),
     (["log(x)", "--name", "Log", "--templates", "/nonexistent"], "not a directory"),
     (["x", "--name", "Typo", "--colour"], "unrecognized arguments"),

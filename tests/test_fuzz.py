@@ -438,6 +438,9 @@ CAMPAIGN_FINDS = [
         3,
         "passed",
     ),
+    # With float constants SymPy decides Max(2, 1.047 - |x|) = 2: refused as constant, not
+    # generated as a Function whose forward returns the int 2.
+    ("Max(2, (acos(1/2)) - (abs(x)))", 0, "is constant (2) for every input"),
 ]
 
 
