@@ -326,6 +326,11 @@ class _Builder:
         if isinstance(value, sympy.Expr):
             if not value.free_symbols:
                 self._check_constant(node, value)
+                if value.has(sympy.Float) and not value.is_Float:
+                    # Arithmetic on a float literal is float64 arithmetic: log(0.5, 1/2) is the
+                    # float 1.0, not 1 + 3e-17, whose derivative's exponent 3e-17 would make
+                    # a negative base NaN (found by the fuzz campaign).
+                    value = sympy.Float(float(value.evalf(17)))
             elif value.has(sympy.zoo, sympy.oo, -sympy.oo, sympy.nan):
                 # e.g. log of a 0/1 indicator: Piecewise((0, x > 1), (zoo, True))
                 raise self.fail(node, f"{self.source(node)} is infinite or undefined for some inputs")
