@@ -14,6 +14,7 @@ from .errors import SymgradError
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .stable import stabilize
+from .stable_functions import sigmoid
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
 # ones it can run for minutes (facts.md), and it rarely pays anyway.
@@ -81,6 +82,9 @@ def derive(parsed: Parsed) -> Derivation:
         for out in parsed.outputs
     )
     gradients = [tuple(stabilize(g) for g in row) for row in raw]
+    # Backward computes all gradients together (one CSE): let them reuse each other's work.
+    context = [g for row in gradients for g in row]
+    gradients = [tuple(reuse_shared_work(g, context) for g in row) for row in gradients]
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -99,6 +103,67 @@ def derive(parsed: Parsed) -> Derivation:
         raw_gradients=raw,
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
+
+
+# Accuracy budget for a form that reuses shared work (reuse_shared_work): relative error,
+# in float32 rounding, at most this many units in the last place of the exact value, or no
+# worse than the form it replaces.
+REUSE_MAX_ULPS = 16
+# Where the reuse forms are checked: both signs of these magnitudes, in 24-bit (float32)
+# arithmetic against 80-bit.
+REUSE_PROBES = (0.001, 0.1, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 80.0)
+
+
+def reuse_shared_work(expr: sympy.Expr, context: list[sympy.Expr]) -> sympy.Expr:
+    """``expr`` with transcendental calls that ``context`` already makes reused, if accurate.
+
+    The stable forms of derivatives call sigmoid(-u) next to sigmoid(u) (SiLU) and
+    cosh(u)**-2 next to tanh(u) (Mish): two more exp-based kernels. Written as 1 - sigmoid(u)
+    and 1 - tanh(u)**2 they reuse the call (torch's own silu and tanh backward do this). That
+    loses relative accuracy where the reused value is near 1, so the rewrite is kept only if
+    the whole expression stays within REUSE_MAX_ULPS in float32 arithmetic.
+    """
+    rules = {}
+    for node in (n for e in context for n in sympy.preorder_traversal(e)):
+        if isinstance(node, sigmoid) and not node.args[0].could_extract_minus_sign():
+            rules[sigmoid(-node.args[0])] = 1 - node  # (one direction only: not back again)
+        elif isinstance(node, sympy.tanh):
+            rules[sympy.cosh(node.args[0]) ** -2] = 1 - node**2
+    rules = {old: new for old, new in rules.items() if old != new and expr.has(old)}
+    if not rules:
+        return expr
+    candidate = expr.xreplace(rules)
+    return candidate if _as_accurate(candidate, expr) else expr
+
+
+def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
+    """Whether ``candidate`` (equal to ``reference``) is accurate enough in float32 rounding.
+
+    Checked for one variable at the REUSE_PROBES, in mpmath at 24 bits of precision (float32's
+    mantissa) against ``reference`` at 80 bits; expressions of several symbols keep their form.
+    """
+    symbols = sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name)
+    if len(symbols) != 1:
+        return False
+    try:
+        evaluate = sympy.lambdify(symbols, [candidate, reference], modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
+    except (TypeError, ValueError, KeyError):
+        return False
+    for magnitude in REUSE_PROBES:
+        for point in (magnitude, -magnitude):
+            try:
+                with mpmath.workprec(80):
+                    exact = evaluate(mpmath.mpf(point))[1]
+                with mpmath.workprec(24):
+                    got, before = evaluate(mpmath.mpf(point))
+            except (ArithmeticError, ValueError, TypeError, AttributeError):
+                continue  # outside the function's domain: no constraint here
+            if not all(isinstance(v, mpmath.mpf) and mpmath.isfinite(v) for v in (exact, got, before)):
+                continue
+            error, allowed = abs(got - exact), max(REUSE_MAX_ULPS * 2.0**-24 * abs(exact), abs(before - exact))
+            if error > allowed:
+                return False
+    return True
 
 
 # A derivative this cheap (by op_count) is recomputed in backward even under --save speed:
@@ -143,6 +208,8 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         for j, gradient in enumerate(row):
             if derivation.nondifferentiable[i] or not gradient.free_symbols or op_count(gradient) < SPEED_MIN_OPS:
                 continue
+            # Computed in forward now, next to the outputs: reuse their work where accurate.
+            gradient = reuse_shared_work(gradient, list(derivation.forward) + [gradient])
             if gradient in derivation.forward:
                 continue  # exp(x + 1): the output itself, which backward reuses anyway
             if gradient in returned:

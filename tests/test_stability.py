@@ -591,3 +591,19 @@ def test_stable_functions_evalf_and_elementary_agree():
         got = expr.subs(subs).evalf(40)
         want = sf.to_elementary(expr).subs(subs).evalf(40)
         assert abs(got - want) < 1e-30, expr
+
+
+def test_reuse_of_shared_work_is_kept_only_where_accurate():
+    """derive.reuse_shared_work: SiLU's sigmoid(-x) becomes 1 - sigmoid(x) (within a few
+    float32 ulps everywhere, as torch's silu backward); tanh's cosh(x)**-2 does not become
+    1 - tanh(x)**2, which is 0 in float32 beyond |x| = 9 where the derivative is 6e-8."""
+    from symgrad.derive import reuse_shared_work
+    from symgrad.stable_functions import sigmoid
+
+    x = sympy.Symbol("x", real=True)
+    silu = (1 + x * sigmoid(-x)) * sigmoid(x)
+    assert reuse_shared_work(silu, [silu]) == (1 + x * (1 - sigmoid(x))) * sigmoid(x)
+    tanh_derivative = sympy.cosh(x) ** -2
+    assert reuse_shared_work(tanh_derivative, [sympy.tanh(x), tanh_derivative]) == tanh_derivative
+    # Nothing to reuse: unchanged.
+    assert reuse_shared_work(sigmoid(-x), [sigmoid(-x)]) == sigmoid(-x)
