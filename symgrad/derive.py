@@ -171,11 +171,18 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
 SPEED_MIN_OPS = 2
 
 
-def _shares_work(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr) -> bool:
+# Work below this is cheap enough that a fused kernel recomputes it for free: sharing it is
+# no reason to write a derivative out and read it back (sqrt(x) and 1/x in sqrt(x) + 1/x).
+_CHEAP_FUNCTIONS = (sympy.Abs, sympy.sign, sympy.Heaviside, sympy.Piecewise, sympy.floor, sympy.ceiling)
+
+
+def _shares_work(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr, fused: bool = False) -> bool:
     """Whether computing ``derivative`` next to ``forward`` reuses any of forward's work.
 
     Only then does returning it from forward save time: otherwise its cost just moves from
-    backward to forward, plus a tensor written and read back (3*x**2 next to x**3).
+    backward to forward, plus a tensor written and read back (3*x**2 next to x**3). In a
+    fused kernel memory traffic dominates arithmetic, so there the shared work must include
+    a transcendental function (exp, tanh, erf, ...).
     """
     temps, reduced = sympy.cse(list(forward) + [derivative], order="canonical")
     definitions = dict(temps)
@@ -190,7 +197,14 @@ def _shares_work(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr) -> boo
                 stack += [s for s in definitions[symbol].free_symbols if s in definitions]
         return seen
 
-    return bool(closure(reduced[:-1]) & closure(reduced[-1:]))
+    shared = closure(reduced[:-1]) & closure(reduced[-1:])
+    if fused:
+        return any(
+            isinstance(node, sympy.Function) and not isinstance(node, _CHEAP_FUNCTIONS)
+            for temp in shared
+            for node in sympy.preorder_traversal(definitions[temp])
+        )
+    return bool(shared)
 
 
 def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
@@ -215,7 +229,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
             if gradient in returned:
                 derivatives[returned.index(gradient)].append((i, j))  # one tensor, returned once
                 continue
-            if not _shares_work(derivation.forward, gradient):
+            if not _shares_work(derivation.forward, gradient, fused=parsed.spec.fuse):
                 continue
             raw = derivation.raw_gradients[i][j]
             try:

@@ -208,3 +208,17 @@ def test_inference_skips_the_derivatives(tmp_path):
         counts[module.__symgrad__["save"]] = mode.ops
     assert counts["speed"] == counts["memory"]
     torch.testing.assert_close(values["speed"], values["memory"], rtol=0, atol=0)
+
+
+def test_fused_returns_only_derivatives_that_share_transcendental_work():
+    """In a fused kernel sqrt(x) and 1/x cost nothing next to memory traffic: sqrt(x) + 1/x
+    returns its derivative in eager mode (fewer kernels) but not with --fuse; Mish does both."""
+    import re
+
+    def saved(expr, **options):
+        source = symgrad.generate_source(expr, "Case", save="speed", **options)
+        return re.search(r'"saved": (\[.*?\])', source).group(1)
+
+    assert saved("sqrt(x)+1/x") == '["x", "dresult_dx"]'
+    assert saved("sqrt(x)+1/x", fuse=True) == '["x"]'
+    assert saved("x*tanh(log(1+exp(x)))", fuse=True) == '["x", "dresult_dx"]'
