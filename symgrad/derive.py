@@ -146,7 +146,9 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
     if len(symbols) != 1:
         return False
     try:
-        evaluate = sympy.lambdify(symbols, [candidate, reference], modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
+        evaluate = sympy.lambdify(
+            symbols, [candidate, reference], modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()
+        )
     except (TypeError, ValueError, KeyError):
         return False
     for magnitude in REUSE_PROBES:
@@ -280,12 +282,21 @@ def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
     except (TypeError, ValueError) as exc:
         # e.g. floor(log(floor(log(x, 2)), 2)): rebuilding the derivative, SymPy subtracts two
         # relationals (found by the fuzz campaign)
-        raise SymgradError(f"SymPy cannot differentiate {expr} by {symbol}: {exc}") from None
+        raise SymgradError(f"SymPy cannot differentiate {_shown(expr)} by {symbol}: {exc}") from None
     if derivative.has(sympy.Derivative, sympy.Subs):
-        raise SymgradError(f"SymPy cannot differentiate {expr} by {symbol}")
+        raise SymgradError(f"SymPy cannot differentiate {_shown(expr)} by {symbol}")
     if derivative.has(sympy.I, sympy.zoo, sympy.nan):
-        raise SymgradError(f"the derivative of {expr} by {symbol} is complex or undefined: {derivative}")
+        raise SymgradError(f"the derivative of {_shown(expr)} by {symbol} is complex or undefined: {_shown(derivative)}")
     return derivative
+
+
+def _shown(expr: sympy.Expr) -> str:
+    """``str(expr)`` for a message; SymPy cannot order a sum holding nan to print it (found by
+    the fuzz campaign), and then the message says so instead of crashing."""
+    try:
+        return str(expr)
+    except (TypeError, ValueError):
+        return "(an expression with an undefined value)"
 
 
 def op_count(expr: sympy.Expr) -> int:

@@ -444,6 +444,13 @@ CAMPAIGN_FINDS = [
     # log(0.5, 1/2) was 1 + 3e-17 in SymPy, so the derivative had tanh(log(x))**3e-17: NaN for
     # x < 1. A constant computed from a float literal is now the float64 it rounds to.
     ("mean(atanh((tanh(log(x, E)))**(log(0.5, 1/2))))", 106209, "passed"),
+    # The refusal's own message crashed: SymPy cannot print a sum that holds nan.
+    (
+        "(Piecewise(((((y) > (y)))**(y), not (not (not (not (not ((x) < (3) < (x))))))),"
+        " ((Min(y)) + (-(0.5)), True))) + (((((x) - (7)) < (Abs(3))))**(y))",
+        0,
+        "is complex or undefined: (an expression with an undefined value)",
+    ),
 ]
 
 
