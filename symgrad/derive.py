@@ -222,7 +222,11 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     second, returned = [], []
     for i, row in enumerate(derivation.gradients):
         for j, gradient in enumerate(row):
-            if derivation.nondifferentiable[i] or not gradient.free_symbols or op_count(gradient) < SPEED_MIN_OPS:
+            if derivation.nondifferentiable[i] or op_count(gradient) < SPEED_MIN_OPS:
+                continue
+            if not numbers_to_floats(gradient).free_symbols:
+                # Constant, perhaps only once printed with float constants (erf(30)**y is
+                # 1.0**y): forward could not return it as a tensor (found by the fuzz campaign).
                 continue
             # Computed in forward now, next to the outputs: reuse their work where accurate.
             gradient = reuse_shared_work(gradient, list(derivation.forward) + [gradient])
