@@ -228,7 +228,8 @@ def _far_from_kinks(kinks, symbols, values: list[torch.Tensor]) -> bool:
         point = [float(v[k]) for v in values]
         try:
             distances = evaluate(*point)
-        except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+        except (ValueError, ZeroDivisionError, OverflowError, TypeError, AttributeError):
+            # (mpmath's atan2 raises AttributeError on a complex argument; found by the campaign)
             return False
         for d in distances:
             d = complex(d)
@@ -464,6 +465,14 @@ CAMPAIGN_FINDS = [
     ),
     # The check's own reference could not be printed by SymPy (a Piecewise folding zoo).
     ("y, mean(Heaviside(Piecewise(((((y) < (0)))**(sign(x)), True))))", 1481241, "passed"),
+    # The check's kink finder met mpmath's atan2 of a complex value (AttributeError).
+    (
+        "Piecewise((sinh(tanh(y)), (((-(y)) < (10))) >= (abs(((x) < (3/2))))), (log(gamma(x), 1/2),"
+        " (atan2((x)**(y), x)) <= (loggamma(Piecewise((2/3, True)))) <= (x)), (((Piecewise((sinh(x),"
+        " (1) <= (2)), (-(y), True))) < (2/3)), True))",
+        1,
+        "passed",
+    ),
 ]
 
 
