@@ -120,7 +120,14 @@ class TorchPrinter(StrPrinter):
     _print_Dummy = _print_Symbol
 
     def _print_Integer(self, expr: sympy.Integer) -> str:
-        return str(int(expr))
+        value = int(expr)
+        if abs(value) < 2**63:
+            return str(value)
+        # torch cannot take a Python int beyond int64 (OverflowError); SymPy can fold one
+        # (10**200 from 200*log(10)). As a float it follows the dtype like any constant.
+        if abs(value).bit_length() > 1024:  # float64's largest value is below 2**1024
+            raise SymgradError(f"a constant of {len(str(abs(value)))} digits is beyond float64's range")
+        return repr(float(value))
 
     def _print_Rational(self, expr: sympy.Rational) -> str:
         return repr(float(expr))

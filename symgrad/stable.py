@@ -485,7 +485,10 @@ def _rule_xlogy(node: sympy.Expr):
         return None
     factors = sympy.Mul.make_args(node)
     logs = [f for f in factors if isinstance(f, sympy.log)]
-    if len(logs) != 1:
+    if len(logs) != 1 or not logs[0].args[0].free_symbols:
+        # log of a constant is a constant factor: nothing for xlogy to guard, and SymPy may
+        # have folded 200*log(10) into log(10**200), an int beyond float range (found by the
+        # fuzz campaign)
         return None
     coeff, rest = sympy.Mul(*(f for f in factors if f is not logs[0])).as_coeff_Mul()
     if not rest.free_symbols:

@@ -307,3 +307,13 @@ def test_ndtr_argument_keeps_its_parentheses():
     x = torch.tensor([-2.0, 0.5, 2.5], dtype=torch.float64)
     got = eval(code, {"torch": torch, "x": x})  # noqa: S307 (our own printed code)
     torch.testing.assert_close(got, torch.special.erfc(torch.atan(x) - x) * x)
+
+
+def test_integers_beyond_int64_print_as_floats_or_are_refused():
+    """torch takes no Python int beyond int64 (OverflowError); SymPy can fold one, e.g.
+    log(10**200) from 200*log(10) (found by the fuzz campaign)."""
+    x = sympy.Symbol("x", real=True)
+    assert print_torch(x * sympy.Integer(2) ** 62, {x: "x"}) == "4611686018427387904*x"
+    assert print_torch(x * sympy.Integer(10) ** 200, {x: "x"}) == "1e+200*x"
+    with pytest.raises(SymgradError, match="beyond float64's range"):
+        print_torch(x * sympy.Integer(10) ** 400, {x: "x"})
