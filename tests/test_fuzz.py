@@ -465,6 +465,13 @@ CAMPAIGN_FINDS = [
     ),
     # The check's own reference could not be printed by SymPy (a Piecewise folding zoo).
     ("y, mean(Heaviside(Piecewise(((((y) < (0)))**(sign(x)), True))))", 1481241, "passed"),
+    # log(-exp(x)) is x + I*pi for every x: simplify's cancel() ran for minutes before the
+    # domain probe could refuse it; now parse refuses it.
+    (
+        "mean(((((y) / (x)) - (-(y))) + (atan((x)**(2.5)))) / (log(-(exp(x)), 10))), mean(y)",
+        416377,
+        "is complex for every input",
+    ),
     # 200*log(10) folded into log(10**200) inside xlogy: a Python int torch cannot take.
     ("(((10)**((x)**(x))) / (10))**(-2)", 2, "passed"),
     # The check's kink finder met mpmath's atan2 of a complex value (AttributeError).
