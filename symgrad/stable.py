@@ -535,7 +535,7 @@ def _singular_symbols(expr: sympy.Expr) -> list[sympy.Symbol]:
 
 # Functions that grow like exp(|z|) or exp(|z|**2) off the real axis, where the Cauchy
 # integrals of stable_functions.removable evaluate them.
-_EXPLOSIVE = (sympy.exp, sympy.sinh, sympy.cosh, sympy.gamma, sympy.erf, sympy.erfc, sympy.sin, sympy.cos, sympy.tan)
+_EXPLOSIVE = (sympy.exp, expm1, sympy.sinh, sympy.cosh, sympy.gamma, sympy.erf, sympy.erfc, sympy.sin, sympy.cos, sympy.tan)
 
 
 def _explosive(expr: sympy.Expr) -> bool:
