@@ -572,11 +572,9 @@ class _Builder:
         if self.broadcasts:
             # Reduced term by term: the outputs (derivatives included) differ in shape.
             term = f"({term}).sum_to_size({self.ctx_ref(self.name(self.inputs[j]) + '_shape')})"
-        if self.contributions[j] == 1:
-            return [f"{grad} = {term}"]
-        if self.term_name is None:
+        if self.contributions[j] > 1 and self.term_name is None:
             self.term_name = self.names.namer.claim("term")
-        return [f"{self.term_name} = {term}", f"{grad} = {self.term_name} if {grad} is None else {grad} + {self.term_name}"]
+        return _accumulate(grad, term, self.contributions[j] == 1, self.term_name)
 
     def backward_term(self, output: int, expr: sympy.Expr) -> str:
         grad_output = self.names.grad_outputs[output]
@@ -650,14 +648,7 @@ class _Builder:
                 lines.append(f"{tangent} = None")
                 for k, (j, term) in enumerate(terms):
                     lines.append(f"if {self.names.tangents[j]} is not None:")
-                    if k == 0:
-                        lines.append(f"{INDENT}{tangent} = {term}")
-                    else:
-                        lines.append(f"{INDENT}{self.jvp_term_name} = {term}")
-                        lines.append(
-                            f"{INDENT}{tangent} = {self.jvp_term_name} if {tangent} is None"
-                            f" else {tangent} + {self.jvp_term_name}"
-                        )
+                    lines += [INDENT + line for line in _accumulate(tangent, term, k == 0, self.jvp_term_name)]
                 lines.append(f"if {tangent} is None:")
                 lines.append(f"{INDENT}# No given tangent reaches this output: its tangent is a zero of its dtype.")
                 dtype = self.ctx_ref(f"{result}_dtype")
@@ -800,6 +791,14 @@ def _temp_users(temps, reduced, groups: list[int]) -> dict[sympy.Symbol, set[int
             if symbol in users:
                 users[symbol] |= users[temp]
     return users
+
+
+def _accumulate(target: str, term: str, first: bool, term_name: str | None) -> list[str]:
+    """Lines adding ``term`` to ``target``, which is None until a first term arrives (a term
+    may be skipped at run time: an absent gradient or tangent)."""
+    if first:
+        return [f"{target} = {term}"]
+    return [f"{term_name} = {term}", f"{target} = {term_name} if {target} is None else {target} + {term_name}"]
 
 
 def _factor(code: str) -> str:
