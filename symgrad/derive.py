@@ -14,7 +14,7 @@ from .errors import SymgradError
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .stable import stabilize
-from .stable_functions import sigmoid
+from .stable_functions import sigmoid, softplus
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
 # ones it can run for minutes (facts.md), and it rarely pays anyway.
@@ -67,6 +67,8 @@ def derive(parsed: Parsed) -> Derivation:
     """Differentiate every output by every input, simplify within bounds, stabilise."""
     surrogates = dict(parsed.surrogates)
     forward = tuple(stabilize(out.expr) for out in parsed.outputs)
+    if parsed.spec.fuse:
+        forward = tuple(cheaper_fused_form(expr) for expr in forward)
     for index, expr in enumerate(forward):
         folded = numbers_to_floats(expr)
         if not folded.free_symbols & set(parsed.inputs):
@@ -81,7 +83,7 @@ def derive(parsed: Parsed) -> Derivation:
         )
         for out in parsed.outputs
     )
-    gradients = [tuple(stabilize(g) for g in row) for row in raw]
+    gradients = [tuple(_stabilized(g, parsed.spec.fuse) for g in row) for row in raw]
     # Backward computes all gradients together (one CSE): let them reuse each other's work.
     context = [g for row in gradients for g in row]
     gradients = [tuple(reuse_shared_work(g, context) for g in row) for row in gradients]
@@ -130,6 +132,36 @@ def reuse_shared_work(expr: sympy.Expr, context: list[sympy.Expr]) -> sympy.Expr
         elif isinstance(node, sympy.tanh):
             rules[sympy.cosh(node.args[0]) ** -2] = 1 - node**2
     rules = {old: new for old, new in rules.items() if old != new and expr.has(old)}
+    if not rules:
+        return expr
+    candidate = expr.xreplace(rules)
+    return candidate if _as_accurate(candidate, expr) else expr
+
+
+def _stabilized(expr: sympy.Expr, fused: bool) -> sympy.Expr:
+    """The stable form of a derivative; in a fused module, also its cheaper fused form."""
+    stable = stabilize(expr)
+    return cheaper_fused_form(stable) if fused else stable
+
+
+def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with calls a fused kernel computes more cheaply another way, if accurate.
+
+    tanh(softplus(u)) (Mish) becomes s*(2 - s)/(1 + (1 - s)**2) with s = sigmoid(u), since
+    exp(softplus(u)) = 1/(1 - s): one exp and a few divides instead of exp, log1p and tanh,
+    and the derivative's own sigmoid(u) is the same s. cosh(softplus(u)) likewise. Only in fused modules: in eager
+    mode each of those few operations is a kernel with a pass over memory, and the powers
+    of the quotient multiply out, so the rewrite would cost as much as it saves.
+    Kept only if the whole expression stays within REUSE_MAX_ULPS in float32 arithmetic.
+    """
+    rules = {}
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, (sympy.tanh, sympy.cosh)) and isinstance(node.args[0], softplus):
+            s = sigmoid(node.args[0].args[0])
+            if isinstance(node, sympy.tanh):
+                rules[node] = s * (2 - s) / (1 + (1 - s) ** 2)
+            else:  # its derivative's 1/cosh(softplus(u))**2: cosh(log(w)) = (w + 1/w)/2
+                rules[node] = (1 + (1 - s) ** 2) / (2 * (1 - s))
     if not rules:
         return expr
     candidate = expr.xreplace(rules)
@@ -239,7 +271,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 continue
             raw = derivation.raw_gradients[i][j]
             try:
-                row = tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs)
+                row = tuple(_stabilized(cheapest_form(_differentiate(raw, s)), parsed.spec.fuse) for s in parsed.inputs)
             except SymgradError:
                 continue  # SymPy cannot differentiate it again: backward recomputes this one
             if all(g == 0 for g in row):

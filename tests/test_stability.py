@@ -157,13 +157,14 @@ CASES = [
 _MODULES: dict[str, object] = {}
 
 
-def load(case: Case, directory, save: str = "memory") -> object:
+def load(case: Case, directory, save: str = "memory", fuse: bool = False) -> object:
     """Generate, write and import the case's module (cached per test session)."""
     key = case.name if save == "memory" else f"{case.name}_{save}"
+    key += "_fused" if fuse else ""
     if key in _MODULES:
         return _MODULES[key]
     try:
-        source = generate_source(case.expr, "Stable_" + key, domain=case.domain or None, save=save)
+        source = generate_source(case.expr, "Stable_" + key, domain=case.domain or None, save=save, fuse=fuse)
     except SymgradError:
         if _derive_pi_bug():
             pytest.xfail(
@@ -289,13 +290,41 @@ def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir):
     assert not bad, f"{case.name} ({dtype}): relative errors above {rtol} at {bad}"
 
 
+# Fused modules compute some functions another way (derive.cheaper_fused_form: Mish's
+# tanh(softplus(x)) from sigmoid(x)), in the compiled bodies torch.compile makes of them.
+FUSED_CASES = [c for c in CASES if c.name in ("mish", "silu", "softplus")]
+
+
+@pytest.mark.parametrize("save", ["memory", "speed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
+def test_fused_values_and_gradients_match_exact_math(case, dtype, save, gen_dir):
+    module = load(case, gen_dir, save, fuse=True)
+    rtol = case.rtol.get(dtype, RTOL[dtype])
+    bad = []
+    for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype):
+        if value_error > rtol or any(e > rtol for e in grad_errors):
+            bad.append((point, value_error, grad_errors))
+    assert not bad, f"{case.name} fused ({dtype}): relative errors above {rtol} at {bad}"
+    assert module._COMPILED, "the compiled bodies did not run"
+
+
 KERNEL_CASES = [c for c in CASES if c.kernel is not None]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=[c.name for c in KERNEL_CASES])
 def test_at_least_as_accurate_as_torch_kernel(case, dtype, gen_dir):
-    module = load(case, gen_dir)
+    _assert_at_least_as_accurate(case, load(case, gen_dir), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
+def test_fused_at_least_as_accurate_as_torch_kernel(case, dtype, gen_dir):
+    _assert_at_least_as_accurate(case, load(case, gen_dir, fuse=True), dtype)
+
+
+def _assert_at_least_as_accurate(case, module, dtype):
     ours = errors(case, lambda *a: apply(module, *a), dtype)
     theirs = errors(case, case.kernel, dtype)
     slack = 4 * torch.finfo(dtype).eps
@@ -607,3 +636,30 @@ def test_reuse_of_shared_work_is_kept_only_where_accurate():
     assert reuse_shared_work(tanh_derivative, [sympy.tanh(x), tanh_derivative]) == tanh_derivative
     # Nothing to reuse: unchanged.
     assert reuse_shared_work(sigmoid(-x), [sigmoid(-x)]) == sigmoid(-x)
+
+
+def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
+    """derive.cheaper_fused_form: tanh(softplus(x)) and cosh(softplus(x)) become rational in
+    sigmoid(x) (equal to them exactly) where that is accurate; eager modules keep the
+    torch kernels."""
+    from symgrad.derive import cheaper_fused_form
+    from symgrad.stable_functions import sigmoid, softplus
+
+    x = sympy.Symbol("x", real=True)
+    mish = x * sympy.tanh(softplus(x))
+    derivative = sympy.diff(mish, x)
+    for expr in (mish, derivative):
+        fused = cheaper_fused_form(expr)
+        assert not fused.has(sympy.tanh, sympy.cosh, softplus) and fused.has(sigmoid), fused
+        for point in ("-7.5", "-0.3", "0", "0.2", "4", "30"):
+            at = {x: sympy.Rational(point)}
+            want = sf.to_elementary(expr).evalf(40, subs=at)
+            assert abs(sf.to_elementary(fused).evalf(40, subs=at) - want) <= 1e-30 * max(1, abs(want))
+    assert cheaper_fused_form(sympy.tanh(x)) == sympy.tanh(x)  # nothing to rewrite
+    # Alone, 1/cosh(softplus(x))**2 is tiny for large x, where 1 - sigmoid(x) has lost its
+    # relative accuracy in float32: the accuracy guard keeps the kernels.
+    alone = x * sympy.cosh(softplus(x)) ** -2
+    assert cheaper_fused_form(alone) == alone
+    eager = generate_source("x*tanh(log(1+exp(x)))", "MishEager")
+    fused = generate_source("x*tanh(log(1+exp(x)))", "MishFusedForm", fuse=True)
+    assert "torch.tanh" in eager and "torch.tanh" not in fused.split("class ")[0]
