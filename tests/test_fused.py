@@ -48,7 +48,7 @@ def test_fused_source_uses_the_fused_template(modules):
     _, fused = modules
     source = open(fused.__file__).read()
     assert "from template fused.py.jinja" in source
-    assert "torch.compile(body, dynamic=True, fullgraph=True)" in source
+    assert "torch.compile(body, fullgraph=True)" in source
     assert fused._COMPILED == {} or all(callable(f) for f in fused._COMPILED.values())
 
 
@@ -71,6 +71,26 @@ def test_fused_matches_default_and_compiles_its_bodies(modules):
         torch.testing.assert_close(
             fused._COMPILED[fused._fused_forward](x, y, 0.7), plain.Plain.forward(x, y, 0.7)
         )
+
+
+def test_new_shapes_compile_once_more_for_all_sizes(modules):
+    """The bodies compile for the first shape (a specialised, faster kernel); the second
+    shape recompiles them for any size, as torch.compile does by default, and every later
+    size reuses that."""
+    from torch._dynamo.utils import counters
+
+    plain, fused = modules
+    fused.fused(*inputs(), 0.7).sum().backward()  # compiled for (3, 4) and (4,) already
+    graphs = counters["stats"]["unique_graphs"]
+    for rows in (5, 6, 9, 11):
+        x = torch.rand(rows, 4, dtype=torch.float64, requires_grad=True)
+        y = torch.rand(4, dtype=torch.float64, requires_grad=True)
+        got = torch.autograd.grad(fused.fused(x, y, 0.7).sum(), (x, y))
+        want = torch.autograd.grad(plain.plain(x, y, 0.7).sum(), (x, y))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+    # One recompile each for forward and backward, none for the sizes after the second.
+    assert counters["stats"]["unique_graphs"] - graphs <= 2
 
 
 def test_double_backward_runs_the_eager_body(modules):
