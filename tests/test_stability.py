@@ -663,3 +663,19 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
     eager = generate_source("x*tanh(log(1+exp(x)))", "MishEager")
     fused = generate_source("x*tanh(log(1+exp(x)))", "MishFusedForm", fuse=True)
     assert "torch.tanh" in eager and "torch.tanh" not in fused.split("class ")[0]
+
+
+def test_accuracy_guard_rejects_a_form_that_fails_where_the_math_is_finite():
+    """derive._as_accurate: a candidate that divides by zero in float32 rounding (1 - s is 0
+    once sigmoid(x) rounds to 1, from x = 17) is not accurate there; it does not count as
+    outside the domain, as a point where the exact value itself is undefined would."""
+    from symgrad.derive import _as_accurate
+    from symgrad.stable_functions import sigmoid
+
+    x = sympy.Symbol("x", real=True)
+    one_minus_s = 1 - sigmoid(x)
+    candidate = x * one_minus_s / (1 - 1 / (1 + sympy.exp(-x)))  # x, for every real x
+    assert not _as_accurate(candidate, x)
+    assert _as_accurate(x * one_minus_s / one_minus_s, x)  # (SymPy cancels it: x)
+    # Where the exact value is undefined (log of a negative number), there is no constraint.
+    assert _as_accurate(2 * sympy.log(sympy.sqrt(x)), sympy.log(x))
