@@ -80,6 +80,7 @@ EXPRESSIONS = [
 ]
 VARIANTS = ("eager", "compile", "symgrad", "speed", "fused", "fused_speed")
 COMPILED = ("compile", "fused", "fused_speed")  # their first call compiles
+EAGER_KERNELS = ("eager", "symgrad", "speed")  # each torch op is one kernel: counted
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Row:
     times: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # median, min, max (ms)
     compile_s: dict[str, float] = field(default_factory=dict)
     saved: dict[str, int] = field(default_factory=dict)
+    kernels: dict[str, int] = field(default_factory=dict)  # EAGER_KERNELS only
     floor_ms: float = float("nan")
     error: str = ""
 
@@ -243,6 +245,8 @@ def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwid
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             del grads
             row.saved[variant] = saved_bytes(torch, fn, xs)
+            if variant in EAGER_KERNELS:
+                row.kernels[variant] = kernel_count(torch, fn, xs, upstream)
             for _ in range(warmup):
                 step(torch, fn, xs, upstream)
         del reference
@@ -278,6 +282,28 @@ def saved_bytes(torch, fn, xs) -> int:
         out = fn(*xs)
     del out
     return sum(storages.values())
+
+
+def kernel_count(torch, fn, xs, upstream) -> int:
+    """Kernels one forward plus backward runs: the torch ops that compute (not views).
+
+    Without fusion every op is a pass over memory, so for the variants that run torch ops
+    one by one this count, more than arithmetic, sets the time at large N. Counted below
+    autograd with a dispatch mode (as torch.utils.flop_counter does), backward included.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view and func.overloadpacket.__name__ != "detach":
+                Counter.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counter():
+        step(torch, fn, xs, upstream)
+    return Counter.count
 
 
 def floor_bytes(module, n: int) -> int:
@@ -322,6 +348,7 @@ def table(rows: list[Row]) -> str:
         + " | ".join(f"{names.get(v, v)} ms" for v in VARIANTS)
         + " | floor ms | default/eager | speed/eager | fused/compile | fused+speed/compile | best fused/floor"
         + " | saved MB " + " / ".join(names.get(v, v) for v in VARIANTS)
+        + " | kernels " + " / ".join(names.get(v, v) for v in EAGER_KERNELS)
         + " | compile s (" + ", ".join(names.get(v, v) for v in COMPILED) + ") |"
     )
     columns = head.count("|") - 1
@@ -340,6 +367,7 @@ def table(rows: list[Row]) -> str:
             f"{t['fused_speed'] / t['compile']:.2f}",
             f"{min(t['fused'], t['fused_speed']) / row.floor_ms:.1f}",
             " / ".join(f"{row.saved[v] / 1e6:.0f}" for v in VARIANTS),
+            " / ".join(str(row.kernels[v]) for v in EAGER_KERNELS),
             ", ".join(f"{row.compile_s[v]:.1f}" for v in COMPILED),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -382,6 +410,8 @@ def summary(rows: list[Row]) -> str:
             "fused/eager time": times("fused", "eager"),
             "default/eager time (min)": times("symgrad", "eager", 1),
             "fused/compile time (min)": times("fused", "compile", 1),
+            "default/eager kernels": [r.kernels["symgrad"] / r.kernels["eager"] for r in at],
+            "speed/eager kernels": [r.kernels["speed"] / r.kernels["eager"] for r in at],
             "default/eager saved bytes": saved("symgrad", "eager"),
             "speed/eager saved bytes": saved("speed", "eager"),
             "fused/compile saved bytes": saved("fused", "compile"),
