@@ -66,6 +66,8 @@ EXPRESSIONS = [
     ("Exp", "exp(x)", None, X),
     ("SquareSum", "sum(x**2)", None, X),
     ("SqrtInverse", "sqrt(x)+1/x", None, {"x": (0.5, 4.0)}),
+    ("Sigmoid", "1/(1+exp(-x))", None, X),
+    ("Tanh", "tanh(x)", None, X),
     ("Mish", "x*tanh(log(1+exp(x)))", None, X),
     ("SiLU", "x/(1+exp(-x))", None, X),
     ("GELU", "x/2*(1+erf(x/sqrt(2)))", None, X),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+import mpmath
 import pytest
 import torch
 
@@ -102,6 +103,36 @@ def test_double_backward_runs_the_eager_body(modules):
     (gx2,) = torch.autograd.grad(plain.plain(x2, y2, 0.7).sum(), x2, create_graph=True)
     (hx2,) = torch.autograd.grad(gx2.sum(), x2)
     torch.testing.assert_close(hx, hx2)
+
+
+MP_FUNCTIONS = {
+    "tanh(x)": mpmath.tanh,
+    "x*tanh(log(1+exp(x)))": lambda v: v * mpmath.tanh(mpmath.log(1 + mpmath.exp(v))),
+}
+
+
+@pytest.mark.parametrize("expr", sorted(MP_FUNCTIONS))
+def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
+    """The fused bodies compute tanh's 1/cosh(x)**2 from sigmoids and Mish from one sigmoid
+    (derive.cheaper_fused_form); double backward differentiates those bodies eagerly, so
+    they must be exact under autograd too, at 0 and in the tails."""
+    module_name = "cheap_fused_" + str(sorted(MP_FUNCTIONS).index(expr))
+    (tmp_path / f"{module_name}.py").write_text(symgrad.generate_source(expr, "CheapFused", fuse=True))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        fused = importlib.import_module(module_name)
+    finally:
+        sys.path.remove(str(tmp_path))
+    points = [-30.0, -2.5, -1e-3, 0.0, 1e-3, 0.7, 4.0, 18.0, 30.0]
+    x = torch.tensor(points, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(fused.cheap_fused, (x,))
+    (g,) = torch.autograd.grad(fused.cheap_fused(x).sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), x)
+    with mpmath.workdps(60):
+        want = [float(mpmath.diff(MP_FUNCTIONS[expr], mpmath.mpf(p), 2)) for p in points]
+    # (Far in the tail, where the second derivative is below 1e-13, 1 - sigmoid(x) has lost
+    # digits in float64; the default module's double backward loses more there.)
+    torch.testing.assert_close(h, torch.tensor(want, dtype=torch.float64), rtol=1e-9, atol=1e-13)
 
 
 def test_fuse_and_inplace_are_refused():

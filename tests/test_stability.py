@@ -291,8 +291,9 @@ def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir):
 
 
 # Fused modules compute some functions another way (derive.cheaper_fused_form: Mish's
-# tanh(softplus(x)) from sigmoid(x)), in the compiled bodies torch.compile makes of them.
-FUSED_CASES = [c for c in CASES if c.name in ("mish", "silu", "softplus")]
+# tanh(softplus(x)) from sigmoid(x), tanh's 1/cosh(x)**2 from two sigmoids), in the
+# compiled bodies torch.compile makes of them.
+FUSED_CASES = [c for c in CASES if c.name in ("mish", "silu", "softplus", "sigmoid", "tanh")]
 
 
 @pytest.mark.parametrize("save", ["memory", "speed"])
@@ -656,6 +657,13 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
             want = sf.to_elementary(expr).evalf(40, subs=at)
             assert abs(sf.to_elementary(fused).evalf(40, subs=at) - want) <= 1e-30 * max(1, abs(want))
     assert cheaper_fused_form(sympy.tanh(x)) == sympy.tanh(x)  # nothing to rewrite
+    # tanh's derivative: two sigmoids instead of cosh, in any context (each factor is accurate).
+    sech4 = sympy.cosh(x * sympy.Symbol("y", real=True)) ** -4
+    fused = cheaper_fused_form(sech4)
+    assert fused == (4 * sigmoid(2 * sech4.base.args[0]) * sigmoid(-2 * sech4.base.args[0])) ** 2
+    at = {x: sympy.Rational(-13, 10), sympy.Symbol("y", real=True): sympy.Rational(7, 3)}
+    assert abs(fused.evalf(40, subs=at) - sech4.evalf(40, subs=at)) <= 1e-30 * sech4.evalf(40, subs=at)
+    assert cheaper_fused_form(sympy.cosh(x) ** 2) == sympy.cosh(x) ** 2  # (cosh itself stays)
     # Alone, 1/cosh(softplus(x))**2 is tiny for large x, where 1 - sigmoid(x) has lost its
     # relative accuracy in float32: the accuracy guard keeps the kernels.
     alone = x * sympy.cosh(softplus(x)) ** -2
