@@ -19,8 +19,10 @@ from .stable_functions import sigmoid, softplus
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
 # ones it can run for minutes (facts.md), and it rarely pays anyway.
 SIMPLIFY_MAX_OPS = 40
-# ... and not on powers of sums above this exponent: simplify expands them, so a tiny
-# 1000*(x + y + z)**999 would never finish (found by the fuzz campaign).
+# ... and not where the exponents of powers of sums add up to more than this: simplify
+# expands them, so a tiny 1000*(x + y + z)**999 would never finish, and it puts the terms
+# over one denominator, so 2*sinh(x)/(2*x + sinh(x))**3 + 6/(y**2 - x)**4 + ... (a second
+# derivative, exponents 3 + 4 + 4) ran for minutes (both found by the fuzz campaign).
 SIMPLIFY_MAX_POWER = 8
 # ... nor where folding its Piecewise/Max/Min together makes more than this many branches:
 # simplify folds them and then simplifies every branch (Piecewise(2) - Max(4 args) with a
@@ -470,9 +472,8 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         return False
     if _piecewise_branches(expr) > SIMPLIFY_MAX_BRANCHES:
         return False
-    return not any(
-        p.base.is_Add and p.exp.is_Rational and abs(p.exp) > SIMPLIFY_MAX_POWER for p in expr.atoms(sympy.Pow)
-    )
+    powers_of_sums = (abs(p.exp) for p in expr.atoms(sympy.Pow) if p.base.is_Add and p.exp.is_Rational)
+    return sum(powers_of_sums) <= SIMPLIFY_MAX_POWER
 
 
 def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, float], ...]:
