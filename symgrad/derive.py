@@ -63,6 +63,9 @@ class Derivation:
     derivatives: tuple[tuple[tuple[int, int], ...], ...] = ()
     # Each derivative's unstabilised form, for differentiating it again.
     raw_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
+    # The user's outputs' gradients as the docstring states them: in a fused module, the
+    # stable forms before cheaper_fused_form (tanh(softplus(x)), not its sigmoid quotient).
+    documented_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
 
 
 def derive(parsed: Parsed) -> Derivation:
@@ -85,10 +88,12 @@ def derive(parsed: Parsed) -> Derivation:
         )
         for out in parsed.outputs
     )
-    gradients = [tuple(_stabilized(g, parsed.spec.fuse) for g in row) for row in raw]
-    # Backward computes all gradients together (one CSE): let them reuse each other's work.
-    context = [g for row in gradients for g in row]
-    gradients = [tuple(reuse_shared_work(g, context) for g in row) for row in gradients]
+    stable = [tuple(stabilize(g) for g in row) for row in raw]
+    documented = _reusing_shared_work(stable)
+    if parsed.spec.fuse:
+        gradients = _reusing_shared_work([tuple(cheaper_fused_form(g) for g in row) for row in stable])
+    else:
+        gradients = documented
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -105,8 +110,15 @@ def derive(parsed: Parsed) -> Derivation:
         nondifferentiable=nondifferentiable,
         domain=(),
         raw_gradients=raw,
+        documented_gradients=tuple(documented),
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
+
+
+def _reusing_shared_work(gradients: list[tuple[sympy.Expr, ...]]) -> list[tuple[sympy.Expr, ...]]:
+    """Backward computes all gradients together (one CSE): let them reuse each other's work."""
+    context = [g for row in gradients for g in row]
+    return [tuple(reuse_shared_work(g, context) for g in row) for row in gradients]
 
 
 # Accuracy budget for a form that reuses shared work (reuse_shared_work): relative error,
@@ -331,6 +343,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         domain=derivation.domain,
         derivatives=tuple(tuple(entries) for entries in derivatives),
         raw_gradients=derivation.raw_gradients,
+        documented_gradients=derivation.documented_gradients,
     )
 
 

@@ -683,7 +683,7 @@ class _Builder:
                 lines.append(f"{name} is piecewise constant: its gradient is zero almost everywhere.")
                 continue
             for j, symbol in enumerate(self.inputs):
-                gradient = sympy.sstr(self.d.gradients[i][j])
+                gradient = sympy.sstr((self.d.documented_gradients or self.d.gradients)[i][j])
                 marker = "  (surrogate: not the true derivative)" if self.d.surrogate[j] else ""
                 inner = "the elementwise part of " if self.outputs[i].reduction else ""
                 lines.append(f"d{name}/d{symbol.name} = {gradient}{marker}" if not inner else f"d({inner}{name})/d{symbol.name} = {gradient}")
