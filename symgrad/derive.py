@@ -66,14 +66,18 @@ class Derivation:
     # The user's outputs' gradients as the docstring states them: in a fused module, the
     # stable forms before cheaper_fused_form (tanh(softplus(x)), not its sigmoid quotient).
     documented_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
+    # The FUSED_IDENTITIES the fused bodies use, for the docstring (a reader of the code
+    # meets sigmoid quotients where the math has tanh).
+    fused_identities: tuple[str, ...] = ()
 
 
 def derive(parsed: Parsed) -> Derivation:
     """Differentiate every output by every input, simplify within bounds, stabilise."""
     surrogates = dict(parsed.surrogates)
     forward = tuple(stabilize(out.expr) for out in parsed.outputs)
+    identities: set[str] = set()
     if parsed.spec.fuse:
-        forward = tuple(cheaper_fused_form(expr) for expr in forward)
+        forward = tuple(_cheaper_fused_form_noting(expr, identities) for expr in forward)
     for index, expr in enumerate(forward):
         folded = numbers_to_floats(expr)
         if not folded.free_symbols & set(parsed.inputs):
@@ -91,7 +95,7 @@ def derive(parsed: Parsed) -> Derivation:
     stable = [tuple(stabilize(g) for g in row) for row in raw]
     documented = _reusing_shared_work(stable)
     if parsed.spec.fuse:
-        gradients = _reusing_shared_work([tuple(cheaper_fused_form(g) for g in row) for row in stable])
+        gradients = _reusing_shared_work([tuple(_cheaper_fused_form_noting(g, identities) for g in row) for row in stable])
     else:
         gradients = documented
     nondifferentiable = tuple(
@@ -111,6 +115,7 @@ def derive(parsed: Parsed) -> Derivation:
         domain=(),
         raw_gradients=raw,
         documented_gradients=tuple(documented),
+        fused_identities=tuple(sorted(identities)),
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
 
@@ -152,10 +157,30 @@ def reuse_shared_work(expr: sympy.Expr, context: list[sympy.Expr]) -> sympy.Expr
     return candidate if _as_accurate(candidate, expr) else expr
 
 
-def _stabilized(expr: sympy.Expr, fused: bool) -> sympy.Expr:
-    """The stable form of a derivative; in a fused module, also its cheaper fused form."""
-    stable = stabilize(expr)
-    return cheaper_fused_form(stable) if fused else stable
+# What cheaper_fused_form rewrites, as a fused module's docstring states it.
+FUSED_IDENTITIES = {
+    "sech": "1/cosh(u)**2 = 4*sigmoid(2*u)*sigmoid(-2*u)",
+    "tanh_softplus": "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)",
+    "cosh_softplus": "cosh(softplus(u)) = (1 + (1 - s)**2)/(2*(1 - s)), with s = sigmoid(u)",
+}
+
+
+def _fused_patterns(expr: sympy.Expr) -> set[str]:
+    """The FUSED_IDENTITIES whose left-hand side ``expr`` holds."""
+    found = set()
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, (sympy.tanh, sympy.cosh)) and isinstance(node.args[0], softplus):
+            found.add(f"{type(node).__name__}_softplus")
+        elif _is_sech_power(node):
+            found.add("sech")
+    return found
+
+
+def _cheaper_fused_form_noting(expr: sympy.Expr, identities: set[str]) -> sympy.Expr:
+    """cheaper_fused_form(expr), adding the FUSED_IDENTITIES it applied to ``identities``."""
+    cheaper = cheaper_fused_form(expr)
+    identities |= _fused_patterns(expr) - _fused_patterns(cheaper)
+    return cheaper
 
 
 def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
@@ -175,17 +200,7 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
       This one loses accuracy where 1 - s does, so it is kept only if the whole expression
       stays within REUSE_MAX_ULPS in float32 arithmetic.
     """
-    expr = expr.replace(
-        lambda node: (
-            node.is_Pow
-            and isinstance(node.base, sympy.cosh)
-            and not isinstance(node.base.args[0], softplus)  # (Mish's rule below is cheaper)
-            and node.exp.is_Integer
-            and node.exp < 0
-            and node.exp % 2 == 0
-        ),
-        lambda node: _sech_squared(node.base.args[0]) ** (-node.exp // 2),
-    )
+    expr = expr.replace(_is_sech_power, lambda node: _sech_squared(node.base.args[0]) ** (-node.exp // 2))
     rules = {}
     for node in sympy.preorder_traversal(expr):
         if isinstance(node, (sympy.tanh, sympy.cosh)) and isinstance(node.args[0], softplus):
@@ -198,6 +213,18 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
         return expr
     candidate = expr.xreplace(rules)
     return candidate if _as_accurate(candidate, expr) else expr
+
+
+def _is_sech_power(node: sympy.Basic) -> bool:
+    """Whether ``node`` is 1/cosh(u)**(2k) for a u that is not softplus (Mish's rule is cheaper)."""
+    return (
+        node.is_Pow
+        and isinstance(node.base, sympy.cosh)
+        and not isinstance(node.base.args[0], softplus)
+        and node.exp.is_Integer
+        and node.exp < 0
+        and node.exp % 2 == 0
+    )
 
 
 def _sech_squared(u: sympy.Expr) -> sympy.Expr:
@@ -300,6 +327,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     """
     parsed = derivation.parsed
     derivatives: list[list[tuple[int, int]]] = []
+    identities = set(derivation.fused_identities)
     second, returned = [], []
     for i, row in enumerate(derivation.gradients):
         for j, gradient in enumerate(row):
@@ -320,7 +348,9 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 continue
             raw = derivation.raw_gradients[i][j]
             try:
-                row = tuple(_stabilized(cheapest_form(_differentiate(raw, s)), parsed.spec.fuse) for s in parsed.inputs)
+                row = tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs)
+                if parsed.spec.fuse:
+                    row = tuple(_cheaper_fused_form_noting(g, identities) for g in row)
             except SymgradError:
                 continue  # SymPy cannot differentiate it again: backward recomputes this one
             if all(g == 0 for g in row):
@@ -344,6 +374,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         derivatives=tuple(tuple(entries) for entries in derivatives),
         raw_gradients=derivation.raw_gradients,
         documented_gradients=derivation.documented_gradients,
+        fused_identities=tuple(sorted(identities)),
     )
 
 

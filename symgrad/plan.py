@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .derive import Derivation, op_count, with_derivatives_as_outputs
+from .derive import FUSED_IDENTITIES, Derivation, op_count, with_derivatives_as_outputs
 from .errors import SymgradError
 from .naming import RESERVED, Namer, check_class_name
 from .printer import numbers_to_floats, print_torch
@@ -687,6 +687,15 @@ class _Builder:
                 marker = "  (surrogate: not the true derivative)" if self.d.surrogate[j] else ""
                 inner = "the elementwise part of " if self.outputs[i].reduction else ""
                 lines.append(f"d{name}/d{symbol.name} = {gradient}{marker}" if not inner else f"d({inner}{name})/d{symbol.name} = {gradient}")
+        if self.d.fused_identities:
+            lines.append("")
+            lines += textwrap.wrap(
+                "The fused bodies use these identities, which put an exp in the kernel where"
+                " the math has tanh, cosh or log1p (kept only where float32 rounding stays"
+                " accurate):",
+                width=88,
+            )
+            lines += [f"    {FUSED_IDENTITIES[name]}" for name in self.d.fused_identities]
         if self.speed:
             derivatives = [self.name(r) for r in self.names.results[self.n_user :]]
             lines.append("")
