@@ -83,6 +83,7 @@ EXPRESSIONS = [
 VARIANTS = ("eager", "compile", "symgrad", "speed", "fused", "fused_speed")
 COMPILED = ("compile", "fused", "fused_speed")  # their first call compiles
 EAGER_KERNELS = ("eager", "symgrad", "speed")  # each torch op is one kernel: counted
+DISPLAY_NAMES = {"symgrad": "default", "fused_speed": "fused+speed"}  # in tables and the chart
 
 
 @dataclass
@@ -344,7 +345,7 @@ def fmt_time(t: tuple[float, float, float]) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    names = {"symgrad": "default", "fused_speed": "fused+speed"}
+    names = DISPLAY_NAMES
     head = (
         "| expression | N | "
         + " | ".join(f"{names.get(v, v)} ms" for v in VARIANTS)
@@ -391,7 +392,7 @@ TARGETS = (("symgrad", "eager", 0.6, 0.4), ("fused", "compile", 0.85, None))
 
 def summary(rows: list[Row]) -> str:
     ok = [r for r in rows if not r.error]
-    names = {"symgrad": "default", "fused_speed": "fused+speed"}
+    names = DISPLAY_NAMES
     lines = []
     for n in sorted({r.n for r in ok}):
         at = [r for r in ok if r.n == n]
@@ -468,7 +469,7 @@ def chart(rows: list[Row], path: str) -> None:
         for k, variant in enumerate(VARIANTS):
             values = [r.times[variant][0] / r.times["eager"][0] for r in at]
             offset = (k - (len(VARIANTS) - 1) / 2) * width
-            axis.bar([i + offset for i in range(len(at))], values, width, label=variant)
+            axis.bar([i + offset for i in range(len(at))], values, width, label=DISPLAY_NAMES.get(variant, variant))
         axis.scatter(range(len(at)), [r.floor_ms / r.times["eager"][0] for r in at], marker="_", color="k", s=200, label="bandwidth floor")
         axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30)
         axis.set_ylabel("fwd+bwd time / eager")
