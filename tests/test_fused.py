@@ -135,6 +135,37 @@ def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
     torch.testing.assert_close(h, torch.tensor(want, dtype=torch.float64), rtol=1e-9, atol=1e-13)
 
 
+@pytest.mark.parametrize(
+    "expr, compiled",
+    [("2*x", set()), ("exp(x)", {"forward"}), ("x**3", {"backward", "jvp"}), ("sin(x)*x", {"forward", "backward", "jvp"})],
+)
+def test_one_arithmetic_operation_runs_eagerly(expr, compiled, tmp_path):
+    """A body that is one arithmetic operation (2*x, grad_output*result) is called directly:
+    an eager kernel is as fast, and the compiled call would add only a guard check. Any
+    body with more, or with a function call, runs compiled."""
+    module_name = "one_op_" + "".join(c for c in expr if c.isalnum())
+    (tmp_path / f"{module_name}.py").write_text(symgrad.generate_source(expr, "OneOp", fuse=True))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(module_name)
+    finally:
+        sys.path.remove(str(tmp_path))
+    x = torch.rand(5, dtype=torch.float64, requires_grad=True)
+    y = module.one_op(x)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x.detach(), torch.ones_like(x))
+        (tangent,) = (torch.autograd.forward_ad.unpack_dual(module.one_op(dual)).tangent,)
+    bodies = {name: getattr(module, f"_one_op_{name}") for name in ("forward", "backward", "jvp")}
+    assert {name for name, body in bodies.items() if body in module._COMPILED} == compiled
+    x2 = x.detach().requires_grad_()
+    want = {"2*x": 2 * x2, "exp(x)": torch.exp(x2), "x**3": x2**3, "sin(x)*x": torch.sin(x2) * x2}[expr]
+    (want_g,) = torch.autograd.grad(want.sum(), x2)
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(g, want_g)
+    torch.testing.assert_close(tangent, want_g)
+
+
 def test_fuse_and_inplace_are_refused():
     with pytest.raises(symgrad.SymgradError, match="--fuse"):
         symgrad.generate_source("exp(x)", "ExpFused", inplace=True, fuse=True)
