@@ -780,7 +780,7 @@ def _one_arithmetic_operation(body: Method) -> bool:
     """Whether ``body`` is a single arithmetic operation (``2 * x``, ``grad_output * result``).
 
     Such a body runs eagerly even in a fused module: one eager kernel makes the same pass
-    over memory as a compiled one (on one CPU thread ATen's is 10-40% faster than
+    over memory as a compiled one (on one CPU thread ATen's is 10-30% faster than
     inductor's), and the compiled call would only add Dynamo's guard check. A body with a
     function call (exp, sigmoid, ...) stays compiled: inductor's kernels for those differ.
     """
