@@ -331,18 +331,16 @@ class _Builder:
             params = fixed + tuple(self.pure_params[a] for a in used)
             return Method(params, method.lines, method.returns), tuple(f"ctx.{a}" for a in used)
 
-        compiled, eager = [], []
+        bodies: list[tuple[str, str, bool]] = []  # (forward|backward|jvp, name, compiled)
 
-        def call(name: str, body: Method, args: str) -> str:
+        def call(kind: str, body: Method, args: str) -> str:
             """The body's call: through the runner, or direct where compiling cannot pay."""
-            if _one_arithmetic_operation(body):
-                eager.append(name)
-                return f"{name}({args})"
-            compiled.append(name)
-            return f"{runner}({name}, {args})"
+            name, compiled = names[kind], not _one_arithmetic_operation(body)
+            bodies.append((kind, name, compiled))
+            return f"{runner}({name}, {args})" if compiled else f"{name}({args})"
 
         forward, _ = pure(self.forward, self.forward_params())
-        forward_call = Method(self.forward_params(), (), call(names["forward"], forward, ", ".join(self.forward_params())))
+        forward_call = Method(self.forward_params(), (), call("forward", forward, ", ".join(self.forward_params())))
 
         values = [self.name(s) for s in saved] + [self.name(p) for p in self.saved_params()]
         if self.speed:
@@ -352,7 +350,7 @@ class _Builder:
             backward, ctx_args = pure(lambda: self.backward(saved, with_unpack=False), fixed)
             grads = list(self.names.grads)
             backward = Method(backward.params, backward.lines, ", ".join(grads))
-            line = f"{_unpack(grads) if len(grads) > 1 else grads[0]} = {call(names['backward'], backward, ', '.join(fixed + ctx_args))}"
+            line = f"{_unpack(grads) if len(grads) > 1 else grads[0]} = {call('backward', backward, ', '.join(fixed + ctx_args))}"
             backward_call = Method(
                 ("ctx",) + self.names.grad_outputs,
                 tuple(self.unpack_saved(saved)) + (line,),
@@ -364,7 +362,7 @@ class _Builder:
         jvp_call = Method(
             ("ctx",) + self.names.tangents,
             tuple(self.unpack_saved(saved)),
-            call(names["jvp"], jvp, ", ".join(fixed + ctx_args)),
+            call("jvp", jvp, ", ".join(fixed + ctx_args)),
         )
         plan = Fused(
             runner=runner,
@@ -375,7 +373,7 @@ class _Builder:
             backward=backward,
             jvp_name=names["jvp"],
             jvp=jvp,
-            description=_fused_description(compiled, eager, speed_backward=backward is None),
+            description=_fused_description(bodies, speed_backward=backward is None),
         )
         return _FusedParts(plan, forward_call, backward_call, jvp_call)
 
@@ -790,22 +788,25 @@ def _one_arithmetic_operation(body: Method) -> bool:
     return len(operations) == 1 and not calls
 
 
-def _fused_description(compiled: list[str], eager: list[str], speed_backward: bool) -> tuple[str, ...]:
-    """The fused module's docstring paragraph: which bodies run compiled, which eagerly."""
+def _fused_description(bodies: list[tuple[str, str, bool]], speed_backward: bool) -> tuple[str, ...]:
+    """The fused module's docstring paragraph: which bodies run compiled, which eagerly.
 
-    def listed(names: list[str]) -> str:
-        quoted = [f"`{name}`" for name in names]
-        return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+    ``bodies`` holds (kind, function name, compiled) for forward, backward (unless
+    ``speed_backward``) and jvp, in that order.
+    """
 
-    bodies = sorted(compiled + eager, key=lambda name: ("_forward", "_backward", "_jvp").index(name[name.rindex("_") :]))
-    kinds = ", ".join(name[name.rindex("_") + 1 :] for name in bodies)
-    kinds = " and ".join(kinds.rsplit(", ", 1))
+    def listed(items: list[str]) -> str:
+        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+    compiled = [f"`{name}`" for _, name, is_compiled in bodies if is_compiled]
+    eager = [f"`{name}`" for _, name, is_compiled in bodies if not is_compiled]
+    kinds = listed([kind for kind, _, _ in bodies])
     compile_note = (
         "through torch.compile(fullgraph=True), compiled on first use (the first call pays the"
         " compile, seconds; a second shape compiles once more, for all sizes)."
     )
     eager_note = "eagerly: one eager kernel is as fast, and a compiled call would only add a guard check."
-    text = [f"Fused: the bodies of {kinds} are the pure functions {listed(bodies)}"]
+    text = [f"Fused: the bodies of {kinds} are the pure functions {listed([f'`{name}`' for _, name, _ in bodies])}"]
     if not eager:
         text[0] += ", which run " + compile_note
     elif not compiled:
