@@ -90,12 +90,17 @@ def reason_of(message: str, words: int = 8) -> str:
     return " ".join(message.split()[:words])
 
 
-def _worker(tasks, results) -> None:
+def _worker(tasks, results, fuse: bool = False) -> None:
     import tempfile
 
     import torch
 
     torch.set_num_threads(1)
+    if fuse:
+        # Fused modules' bodies, run as they are: inductor would take seconds per expression,
+        # and what --fuse adds to check here is symgrad's (the cheaper fused forms, which
+        # bodies run eagerly), not inductor's code generation.
+        torch.compile = lambda body, **options: body
     from torch.autograd.gradcheck import GradcheckError
 
     from test_fuzz import KinkArtefact, Refused, check_expression, known_bug
@@ -108,7 +113,7 @@ def _worker(tasks, results) -> None:
             index, text, smooth, seed = task
             started = time.monotonic()
             try:
-                outcome = ("passed", check_expression(text, Path(directory), seed, smooth))
+                outcome = ("passed", check_expression(text, Path(directory), seed, smooth, fuse=fuse))
             except Refused as exc:
                 outcome = ("refused", str(exc))
             except KinkArtefact:
@@ -128,15 +133,16 @@ def _worker(tasks, results) -> None:
 class Pool:
     """Worker processes fed one expression at a time; a worker past the timeout is killed."""
 
-    def __init__(self, workers: int, timeout: float) -> None:
+    def __init__(self, workers: int, timeout: float, fuse: bool = False) -> None:
         self.context = mp.get_context("spawn")
         self.timeout = timeout
+        self.fuse = fuse
         self.results = self.context.Queue()
         self.slots = [self._start() for _ in range(workers)]
 
     def _start(self):
         tasks = self.context.Queue()
-        process = self.context.Process(target=_worker, args=(tasks, self.results), daemon=True)
+        process = self.context.Process(target=_worker, args=(tasks, self.results, self.fuse), daemon=True)
         process.start()
         return {"process": process, "tasks": tasks, "task": None, "since": 0.0}
 
@@ -188,6 +194,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=None, help="stop taking new expressions after this long")
     parser.add_argument("--report", type=float, default=60.0, help="print interim counts every N seconds")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--fuse", action="store_true", help="generate with --fuse (the bodies run uncompiled: see _worker)"
+    )
     options = parser.parse_args()
 
     items = draw_expressions(options.count, options.seed)
@@ -223,7 +232,7 @@ def main() -> int:
         if options.minutes is not None and now - started > options.minutes * 60:
             raise TimeoutError
 
-    pool = Pool(options.workers, options.timeout)
+    pool = Pool(options.workers, options.timeout, fuse=options.fuse)
     try:
         pool.run(items, on_result, on_tick)
     except (TimeoutError, KeyboardInterrupt):

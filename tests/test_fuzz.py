@@ -175,10 +175,10 @@ def hang_guard(seconds: int = HANG_GUARD_S):
     return guards.hang_guard(seconds)
 
 
-def generate(text: str, save: str = "memory") -> str:
+def generate(text: str, save: str = "memory", fuse: bool = False) -> str:
     """The module source, or :class:`Refused`; anything else propagates (a bug)."""
     try:
-        return symgrad.generate_source(text, "Fuzzed", save=save)
+        return symgrad.generate_source(text, "Fuzzed", save=save, fuse=fuse)
     except SymgradError as exc:
         message = str(exc)
         assert message and "\n" not in message, f"a SymgradError message must be one line: {message!r}"
@@ -270,13 +270,13 @@ def check_forward(text: str, symbols, args: list[torch.Tensor], outputs) -> None
             raise ForwardMismatch(f"{text}: output {index} is {got.tolist()}, mpmath says {want.tolist()}")
 
 
-def check_expression(text: str, directory: Path, seed: int, smooth: bool) -> str:
+def check_expression(text: str, directory: Path, seed: int, smooth: bool, fuse: bool = False) -> str:
     """The contract for one expression; returns "passed" or raises Refused/KinkArtefact/AssertionError.
 
     Odd seeds generate with ``save="speed"`` (derivatives returned by forward), even ones
     with the default, so both backward forms are fuzzed.
     """
-    source = generate(text, save="speed" if seed % 2 else "memory")
+    source = generate(text, save="speed" if seed % 2 else "memory", fuse=fuse)
     try:
         return _check_module(text, source, directory, seed, smooth)
     except Exception as exc:
@@ -346,10 +346,10 @@ def run_property(prop) -> None:
         ))  # fmt: skip
 
 
-def _one(text: str, seed: int, smooth: bool, hits: dict[str, str], workdir: Path) -> None:
+def _one(text: str, seed: int, smooth: bool, hits: dict[str, str], workdir: Path, fuse: bool = False) -> None:
     with hang_guard():
         try:
-            check_expression(text, workdir, seed, smooth=smooth)
+            check_expression(text, workdir, seed, smooth=smooth, fuse=fuse)
         except Refused:
             pass
         except KinkArtefact:
@@ -374,6 +374,18 @@ def test_smooth_expression_passes_gradcheck(workdir):
     @given(case=expressions(smooth=True), seed=st.integers(0, 2**31 - 1))
     def prop(hits, case, seed):
         _one(case[0], seed, True, hits, workdir)
+
+    run_property(prop)
+
+
+def test_fused_smooth_expression_passes_gradcheck(workdir, monkeypatch):
+    """--fuse: the bodies with their cheaper fused forms, run uncompiled (inductor would take
+    seconds per example; tests/test_fused.py and test_stability.py compile real ones)."""
+    monkeypatch.setattr(torch, "compile", lambda body, **options: body)
+
+    @given(case=expressions(smooth=True), seed=st.integers(0, 2**31 - 1))
+    def prop(hits, case, seed):
+        _one(case[0], seed, True, hits, workdir, fuse=True)
 
     run_property(prop)
 
