@@ -671,7 +671,8 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
     eager = generate_source("x*tanh(log(1+exp(x)))", "MishEager")
     fused = generate_source("x*tanh(log(1+exp(x)))", "MishFusedForm", fuse=True)
     assert "torch.tanh" in eager and "torch.tanh" not in fused.split("class ")[0]
-    # The docstring keeps the math as the user wrote it, and names the identity the code uses.
+    # The docstring states the stable math (as the default module does) and names the identity
+    # the code uses.
     assert "df/dx = x*(1 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x))" in fused
     assert "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)" in fused
     assert "identities" not in eager
