@@ -93,6 +93,15 @@ def derive(parsed: Parsed) -> Derivation:
         for out in parsed.outputs
     )
     stable = [tuple(stabilize(g) for g in row) for row in raw]
+    for out, row in zip(parsed.outputs, stable):
+        for symbol, gradient in zip(parsed.inputs, row):
+            if gradient.has(sympy.AccumBounds):
+                # Folding guards at a branch's edge can meet atanh(-oo) = I*AccumBounds(-pi/2,
+                # pi/2), which nothing could print (found by the fuzz campaign). (A nan branch
+                # at a single point, Piecewise((nan, Eq(x, 1)), ...), is printed and harmless.)
+                raise SymgradError(
+                    f"the derivative of {_shown(out.expr)} by {symbol} is complex or undefined: {_shown(gradient)}"
+                )
     documented = _reusing_shared_work(stable)
     if parsed.spec.fuse:
         gradients = _reusing_shared_work([tuple(_cheaper_fused_form_noting(g, identities) for g in row) for row in stable])
@@ -402,9 +411,13 @@ def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
         raise SymgradError(f"SymPy cannot differentiate {_shown(expr)} by {symbol}: {exc}") from None
     if derivative.has(sympy.Derivative, sympy.Subs):
         raise SymgradError(f"SymPy cannot differentiate {_shown(expr)} by {symbol}")
-    if derivative.has(sympy.I, sympy.zoo, sympy.nan):
+    if derivative.has(*_UNDEFINED):
         raise SymgradError(f"the derivative of {_shown(expr)} by {symbol} is complex or undefined: {_shown(derivative)}")
     return derivative
+
+
+# What a real, finite derivative cannot hold.
+_UNDEFINED = (sympy.I, sympy.zoo, sympy.nan, sympy.AccumBounds)
 
 
 def _shown(expr: sympy.Expr) -> str:
@@ -537,12 +550,14 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
         evaluate = _real_only(
             sympy.lambdify(symbols, exprs, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
         )
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, NotImplementedError) as exc:
         # SymPy folds Piecewise while printing and can meet an undefined branch, e.g.
-        # Max(log(z >= 2.5), x) has log(0) = zoo where z < 2.5 (found by the fuzz campaign).
+        # Max(log(z >= 2.5), x) has log(0) = zoo where z < 2.5 (found by the fuzz campaign);
+        # a value no printer knows (PrintMethodNotImplementedError) is a NotImplementedError.
+        reason = str(exc).splitlines()[0] if str(exc) else ""
         raise SymgradError(
-            f"the function cannot be evaluated numerically ({type(exc).__name__}: {exc}); is it undefined somewhere,"
-            " like log of a 0/1 comparison?"
+            f"the function cannot be evaluated numerically ({type(exc).__name__}: {reason}); is it undefined"
+            " somewhere, like log of a 0/1 comparison?"
         ) from None
     chosen = {s: given.get(s.name, DOMAIN_CANDIDATES[0]) for s in symbols}
     passes = 2  # a second pass lets each symbol adapt to the others' choices

@@ -500,6 +500,13 @@ CAMPAIGN_FINDS = [
     # (y**2 - x)**-4 over one denominator for minutes; the exponents of powers of sums now
     # count together against SIMPLIFY_MAX_POWER.
     ("mean(((((y) * (y)) + (-(x)))**(-2)) - ((((x) + (x)) + (sinh(x)))**(-2)))", 1813, "passed"),
+    # The stabilised derivative held I*AccumBounds (atanh(-oo) at a guard's edge), which the
+    # domain probe's printer could not print (PrintMethodNotImplementedError): now refused.
+    (
+        "(atanh(log(((1e-3) < (y)), 2))) / ((y) / ((((x) + (y)) <= ((y) + (x)))))",
+        6045570,
+        "is complex or undefined",
+    ),
 ]
 
 
@@ -511,3 +518,20 @@ def test_campaign_find(text, seed, outcome, workdir):
         except Refused as exc:
             result = str(exc)
     assert outcome in result
+
+
+def test_domain_probe_refuses_what_it_cannot_print():
+    """A value no printer knows (an AccumBounds that got past derive) is a one-line refusal,
+    not a PrintMethodNotImplementedError with a two-line message."""
+    import dataclasses
+
+    from symgrad.api import build_spec
+    from symgrad.derive import derive, sampling_domain
+    from symgrad.parse import parse_spec
+
+    derivation = derive(parse_spec(build_spec("x**2", "Probe")))
+    x = derivation.parsed.inputs[0]
+    broken = dataclasses.replace(derivation, forward=(x + sympy.AccumBounds(-1, 1),))
+    with pytest.raises(SymgradError, match="cannot be evaluated numerically") as caught:
+        sampling_domain(broken)
+    assert "\n" not in str(caught.value)
