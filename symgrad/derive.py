@@ -93,15 +93,7 @@ def derive(parsed: Parsed) -> Derivation:
         for out in parsed.outputs
     )
     stable = [tuple(stabilize(g) for g in row) for row in raw]
-    for out, row in zip(parsed.outputs, stable):
-        for symbol, gradient in zip(parsed.inputs, row):
-            if gradient.has(sympy.AccumBounds):
-                # Folding guards at a branch's edge can meet atanh(-oo) = I*AccumBounds(-pi/2,
-                # pi/2), which nothing could print (found by the fuzz campaign). (A nan branch
-                # at a single point, Piecewise((nan, Eq(x, 1)), ...), is printed and harmless.)
-                raise SymgradError(
-                    f"the derivative of {_shown(out.expr)} by {symbol} is complex or undefined: {_shown(gradient)}"
-                )
+    _refuse_interval_values(parsed, stable)
     documented = _reusing_shared_work(stable)
     if parsed.spec.fuse:
         gradients = _reusing_shared_work([tuple(_cheaper_fused_form_noting(g, identities) for g in row) for row in stable])
@@ -127,6 +119,21 @@ def derive(parsed: Parsed) -> Derivation:
         fused_identities=tuple(sorted(identities)),
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
+
+
+def _refuse_interval_values(parsed: Parsed, gradients: list[tuple[sympy.Expr, ...]]) -> None:
+    """Refuse a stabilised gradient that holds an AccumBounds (an interval, not a value).
+
+    Folding guards at a branch's edge can meet atanh(-oo) = I*AccumBounds(-pi/2, pi/2), which
+    nothing could print (found by the fuzz campaign). A nan branch at a single point,
+    Piecewise((nan, Eq(x, 1)), ...), is printed and harmless, so nan is not refused here.
+    """
+    for out, row in zip(parsed.outputs, gradients):
+        for symbol, gradient in zip(parsed.inputs, row):
+            if gradient.has(sympy.AccumBounds):
+                raise SymgradError(
+                    f"the derivative of {_shown(out.expr)} by {symbol} is complex or undefined: {_shown(gradient)}"
+                )
 
 
 def _reusing_shared_work(gradients: list[tuple[sympy.Expr, ...]]) -> list[tuple[sympy.Expr, ...]]:
