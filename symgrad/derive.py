@@ -64,7 +64,7 @@ class Derivation:
     # Each derivative's unstabilised form, for differentiating it again.
     raw_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
     # The user's outputs' gradients as the docstring states them: in a fused module, the
-    # stable forms before cheaper_fused_form (tanh(softplus(x)), not its sigmoid quotient).
+    # stable forms that cheaper_fused_form rewrites (tanh(softplus(x)), not its quotient).
     documented_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
     # The FUSED_IDENTITIES the fused bodies use, for the docstring (a reader of the code
     # meets sigmoid quotients where the math has tanh).
@@ -77,7 +77,7 @@ def derive(parsed: Parsed) -> Derivation:
     forward = tuple(stabilize(out.expr) for out in parsed.outputs)
     identities: set[str] = set()
     if parsed.spec.fuse:
-        forward = tuple(_cheaper_fused_form_noting(expr, identities) for expr in forward)
+        forward = _cheaper_fused_forms(forward, identities)
     for index, expr in enumerate(forward):
         folded = numbers_to_floats(expr)
         if not folded.free_symbols & set(parsed.inputs):
@@ -94,11 +94,12 @@ def derive(parsed: Parsed) -> Derivation:
     )
     stable = [tuple(stabilize(g) for g in row) for row in raw]
     _refuse_interval_values(parsed, stable)
-    documented = _reusing_shared_work(stable)
     if parsed.spec.fuse:
-        gradients = _reusing_shared_work([tuple(_cheaper_fused_form_noting(g, identities) for g in row) for row in stable])
+        # The docstring shows the stable forms the fused identities apply to.
+        documented = stable
+        gradients = _reusing_shared_work([_cheaper_fused_forms(row, identities) for row in stable])
     else:
-        gradients = documented
+        documented = gradients = _reusing_shared_work(stable)
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -147,8 +148,13 @@ def _reusing_shared_work(gradients: list[tuple[sympy.Expr, ...]]) -> list[tuple[
 # worse than the form it replaces.
 REUSE_MAX_ULPS = 16
 # Where the reuse forms are checked: both signs of these magnitudes, in 24-bit (float32)
-# arithmetic against 80-bit.
-REUSE_PROBES = (0.001, 0.1, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 80.0)
+# arithmetic against 80-bit. A form like 1 - sigmoid(u) fails where u is about 10-100,
+# and u may be x scaled down (50*tanh(x/50): x of 500-5000), so the probes run over many
+# decades (the fused gradient of 50*tanh(x/50) was 0 from x = 450; found in review).
+REUSE_PROBES = (
+    0.001, 0.1, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 80.0,
+    150.0, 300.0, 600.0, 1e3, 2e3, 5e3, 1e4, 3e4, 1e5, 1e6, 1e7, 1e8, 1e10, 1e15, 1e20, 1e30,
+)
 
 
 def reuse_shared_work(expr: sympy.Expr, context: list[sympy.Expr]) -> sympy.Expr:
@@ -181,22 +187,14 @@ FUSED_IDENTITIES = {
 }
 
 
-def _fused_patterns(expr: sympy.Expr) -> set[str]:
-    """The FUSED_IDENTITIES whose left-hand side ``expr`` holds."""
-    found = set()
-    for node in sympy.preorder_traversal(expr):
-        if isinstance(node, (sympy.tanh, sympy.cosh)) and isinstance(node.args[0], softplus):
-            found.add(f"{type(node).__name__}_softplus")
-        elif _is_sech_power(node):
-            found.add("sech")
-    return found
-
-
-def _cheaper_fused_form_noting(expr: sympy.Expr, identities: set[str]) -> sympy.Expr:
-    """cheaper_fused_form(expr), adding the FUSED_IDENTITIES it applied to ``identities``."""
-    cheaper = cheaper_fused_form(expr)
-    identities |= _fused_patterns(expr) - _fused_patterns(cheaper)
-    return cheaper
+def _cheaper_fused_forms(exprs: tuple[sympy.Expr, ...], identities: set[str]) -> tuple[sympy.Expr, ...]:
+    """cheaper_fused_form of each, adding the names of the identities used to ``identities``."""
+    results = []
+    for expr in exprs:
+        cheaper, used = _cheaper_fused_form(expr)
+        identities |= used
+        results.append(cheaper)
+    return tuple(results)
 
 
 def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
@@ -213,22 +211,35 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
     - tanh(softplus(u)) (Mish) becomes s*(2 - s)/(1 + (1 - s)**2) with s = sigmoid(u), since
       exp(softplus(u)) = 1/(1 - s): one exp and a few divides instead of exp, log1p and
       tanh, and the derivative's own sigmoid(u) is the same s. cosh(softplus(u)) likewise.
-      This one loses accuracy where 1 - s does, so it is kept only if the whole expression
+      These lose accuracy where 1 - s does, so they are kept only if the whole expression
       stays within REUSE_MAX_ULPS in float32 arithmetic.
     """
-    expr = expr.replace(_is_sech_power, lambda node: _sech_squared(node.base.args[0]) ** (-node.exp // 2))
-    rules = {}
-    for node in sympy.preorder_traversal(expr):
-        if isinstance(node, (sympy.tanh, sympy.cosh)) and isinstance(node.args[0], softplus):
-            s = sigmoid(node.args[0].args[0])
-            if isinstance(node, sympy.tanh):
-                rules[node] = s * (2 - s) / (1 + (1 - s) ** 2)
-            else:  # its derivative's 1/cosh(softplus(u))**2: cosh(log(w)) = (w + 1/w)/2
-                rules[node] = (1 + (1 - s) ** 2) / (2 * (1 - s))
-    if not rules:
-        return expr
-    candidate = expr.xreplace(rules)
-    return candidate if _as_accurate(candidate, expr) else expr
+    return _cheaper_fused_form(expr)[0]
+
+
+def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
+    """cheaper_fused_form(expr), and the names (FUSED_IDENTITIES) of the identities it used."""
+    used = set()
+    if any(_is_sech_power(node) for node in sympy.preorder_traversal(expr)):
+        expr = expr.replace(_is_sech_power, lambda node: _sech_squared(node.base.args[0]) ** (-node.exp // 2))
+        used.add("sech")
+    candidate, softplus_rules = expr, set()
+    for _ in range(4):  # nested: x*tanh(softplus(x*tanh(softplus(x)))) needs two rounds
+        rules = {}
+        for node in sympy.preorder_traversal(candidate):
+            if isinstance(node, (sympy.tanh, sympy.cosh)) and isinstance(node.args[0], softplus):
+                s = sigmoid(node.args[0].args[0])
+                if isinstance(node, sympy.tanh):
+                    rules[node] = s * (2 - s) / (1 + (1 - s) ** 2)
+                else:  # its derivative's 1/cosh(softplus(u))**2: cosh(log(w)) = (w + 1/w)/2
+                    rules[node] = (1 + (1 - s) ** 2) / (2 * (1 - s))
+                softplus_rules.add(f"{type(node).__name__}_softplus")
+        if not rules:
+            break
+        candidate = candidate.xreplace(rules)
+    if softplus_rules and _as_accurate(candidate, expr):
+        return candidate, frozenset(used | softplus_rules)
+    return expr, frozenset(used)
 
 
 def _is_sech_power(node: sympy.Basic) -> bool:
@@ -264,7 +275,7 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
         )
     except (TypeError, ValueError, KeyError):
         return False
-    failures = (ArithmeticError, ValueError, TypeError, AttributeError)
+    failures = (ArithmeticError, ValueError, TypeError, AttributeError, MemoryError)
     for magnitude in REUSE_PROBES:
         for point in (mpmath.mpf(magnitude), mpmath.mpf(-magnitude)):
             try:
@@ -273,6 +284,10 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
             except failures:
                 continue  # outside the function's domain: no constraint here
             if not (isinstance(exact, mpmath.mpf) and mpmath.isfinite(exact)):
+                continue
+            if exact and not _FLOAT32_TINY <= abs(exact) <= _FLOAT32_MAX:
+                # Beyond float32's normal range the value is 0 or inf there whatever the form
+                # (mpmath has no underflow: x*tanh(softplus(x)) at -1e15 is -1e-434294481903237).
                 continue
             allowed = REUSE_MAX_ULPS * 2.0**-24 * abs(exact)
             try:
@@ -290,6 +305,10 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
             if not (isinstance(got, mpmath.mpf) and mpmath.isfinite(got)) or abs(got - exact) > allowed:
                 return False
     return True
+
+
+_FLOAT32_TINY = 2.0**-126  # the smallest normal float32
+_FLOAT32_MAX = (2 - 2.0**-23) * 2.0**127
 
 
 # A derivative this cheap (by op_count) is recomputed in backward even under --save speed:
@@ -363,17 +382,23 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
             if not _shares_work(derivation.forward, gradient, fused=parsed.spec.fuse):
                 continue
             raw = derivation.raw_gradients[i][j]
+            row_identities: set[str] = set()
             try:
                 row = tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs)
                 if parsed.spec.fuse:
-                    row = tuple(_cheaper_fused_form_noting(g, identities) for g in row)
+                    row = _cheaper_fused_forms(row, row_identities)
             except SymgradError:
                 continue  # SymPy cannot differentiate it again: backward recomputes this one
+            if any(g.has(sympy.AccumBounds) for g in row):
+                # An interval where a value should be (see _refuse_interval_values): backward
+                # recomputes this one, and autograd differentiates that (found in review).
+                continue
             if all(g == 0 for g in row):
                 # Piecewise constant (3*sign(x)): cheap to recompute, and it may even fold to a
                 # number while printing, which forward could not return as a tensor (found by
                 # the fuzz campaign).
                 continue
+            identities |= row_identities
             second.append(row)
             returned.append(gradient)
             derivatives.append([(i, j)])

@@ -775,7 +775,7 @@ class _Builder:
 
 
 def _one_arithmetic_operation(body: Method) -> bool:
-    """Whether ``body`` is a single arithmetic operation (``2 * x``, ``grad_output * result``).
+    """Whether ``body`` is at most one arithmetic operation (``2 * x``, ``grad_output * result``).
 
     Such a body runs eagerly even in a fused module: one eager kernel makes the same pass
     over memory as a compiled one (on one CPU thread ATen's is 10-30% faster than
@@ -783,9 +783,13 @@ def _one_arithmetic_operation(body: Method) -> bool:
     function call (exp, sigmoid, ...) stays compiled: inductor's kernels for those differ.
     """
     tree = ast.parse("\n".join([*body.lines, f"_ = {body.returns}"]))
-    operations = [n for n in ast.walk(tree) if isinstance(n, (ast.BinOp, ast.UnaryOp))]
+    operations = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.BinOp) or isinstance(n, ast.UnaryOp) and not isinstance(n.operand, ast.Constant)
+    ]  # (-1 in grad_output * -1 is a constant, not an operation)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    return len(operations) == 1 and not calls
+    return len(operations) <= 1 and not calls
 
 
 def _fused_description(bodies: list[tuple[str, str, bool]], speed_backward: bool) -> tuple[str, ...]:
@@ -803,7 +807,8 @@ def _fused_description(bodies: list[tuple[str, str, bool]], speed_backward: bool
     kinds = listed([kind for kind, _, _ in bodies])
     compile_note = (
         "through torch.compile(fullgraph=True), compiled on first use (the first call pays the"
-        " compile, seconds; a second shape compiles once more, for all sizes)."
+        " compile, seconds; a second shape, or value of a number param, compiles once more,"
+        " for all of them)."
     )
     eager_note = "eagerly: one eager kernel is as fast, and a compiled call would only add a guard check."
     text = [f"Fused: the bodies of {kinds} are the pure functions {listed([f'`{name}`' for _, name, _ in bodies])}"]

@@ -91,7 +91,7 @@ def test_new_shapes_compile_once_more_for_all_sizes(modules):
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w)
     # One recompile each for forward and backward, none for the sizes after the second.
-    assert counters["stats"]["unique_graphs"] - graphs <= 2
+    assert counters["stats"]["unique_graphs"] - graphs == 2
 
 
 def test_double_backward_runs_the_eager_body(modules):
@@ -130,14 +130,23 @@ def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
     (h,) = torch.autograd.grad(g.sum(), x)
     with mpmath.workdps(60):
         want = [float(mpmath.diff(MP_FUNCTIONS[expr], mpmath.mpf(p), 2)) for p in points]
-    # (Far in the tail, where the second derivative is below 1e-13, 1 - sigmoid(x) has lost
-    # digits in float64; the default module's double backward loses more there.)
-    torch.testing.assert_close(h, torch.tensor(want, dtype=torch.float64), rtol=1e-9, atol=1e-13)
+    want = torch.tensor(want, dtype=torch.float64)
+    torch.testing.assert_close(h, want, rtol=1e-9, atol=1e-13)
+    # Far in the tail (second derivatives below 1e-13), 1 - sigmoid(x) has lost digits in
+    # float64, but the value stays right to 1% (the default module's is 0 at x = 30).
+    torch.testing.assert_close(h, want, rtol=1e-2, atol=0.0)
 
 
 @pytest.mark.parametrize(
     "expr, compiled",
-    [("2*x", set()), ("exp(x)", {"forward"}), ("x**3", {"backward", "jvp"}), ("sin(x)*x", {"forward", "backward", "jvp"})],
+    [
+        ("2*x", set()),
+        ("-x", set()),  # (grad_output * -1: the -1 is a constant, not an operation)
+        ("x + 1", set()),  # (backward is grad_output itself: no operation)
+        ("exp(x)", {"forward"}),
+        ("x**3", {"backward", "jvp"}),
+        ("sin(x)*x", {"forward", "backward", "jvp"}),
+    ],
 )
 def test_one_arithmetic_operation_runs_eagerly(expr, compiled, tmp_path):
     """A body that is one arithmetic operation (2*x, grad_output*result) is called directly:
@@ -159,7 +168,7 @@ def test_one_arithmetic_operation_runs_eagerly(expr, compiled, tmp_path):
     bodies = {name: getattr(module, f"_one_op_{name}") for name in ("forward", "backward", "jvp")}
     assert {name for name, body in bodies.items() if body in module._COMPILED} == compiled
     x2 = x.detach().requires_grad_()
-    want = {"2*x": 2 * x2, "exp(x)": torch.exp(x2), "x**3": x2**3, "sin(x)*x": torch.sin(x2) * x2}[expr]
+    want = {"2*x": 2 * x2, "-x": -x2, "x + 1": x2 + 1, "exp(x)": torch.exp(x2), "x**3": x2**3, "sin(x)*x": torch.sin(x2) * x2}[expr]
     (want_g,) = torch.autograd.grad(want.sum(), x2)
     torch.testing.assert_close(y, want)
     torch.testing.assert_close(g, want_g)

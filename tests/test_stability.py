@@ -673,9 +673,13 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
     assert "torch.tanh" in eager and "torch.tanh" not in fused.split("class ")[0]
     # The docstring states the stable math (as the default module does) and names the identity
     # the code uses.
-    assert "df/dx = x*(1 - tanh(softplus(x))**2)*sigmoid(x) + tanh(softplus(x))" in fused
+    assert "df/dx = x*sigmoid(x)/cosh(softplus(x))**2 + tanh(softplus(x))" in fused
     assert "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)" in fused
     assert "identities" not in eager
+    # Nested, the identity is used twice over and named (it was missed: found in review).
+    nested = generate_source("x*tanh(log(1+exp(x*tanh(log(1+exp(x))))))", "MishNested", fuse=True)
+    assert "torch.tanh" not in nested.split("class ")[0]
+    assert "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2)" in nested
 
 
 def test_accuracy_guard_rejects_a_form_that_fails_where_the_math_is_finite():
@@ -692,3 +696,25 @@ def test_accuracy_guard_rejects_a_form_that_fails_where_the_math_is_finite():
     assert _as_accurate(x * one_minus_s / one_minus_s, x)  # (SymPy cancels it: x)
     # Where the exact value is undefined (log of a negative number), there is no constraint.
     assert _as_accurate(2 * sympy.log(sympy.sqrt(x)), sympy.log(x))
+
+
+SCALED = [
+    ("soft_cap", "50*tanh(x/50)", lambda x: 50 * mpmath.tanh(x / 50)),
+    ("mish_tail", "tanh(log(1+exp(x/100)))", lambda x: mpmath.tanh(mpmath.log(1 + mpmath.exp(x / 100)))),
+]
+
+
+@pytest.mark.parametrize("name, expr, exact", SCALED, ids=[s[0] for s in SCALED])
+def test_fused_forms_stay_accurate_for_scaled_arguments(name, expr, exact, gen_dir):
+    """The accuracy probes must reach where a scaled argument makes 1 - sigmoid(u) cancel:
+    the fused gradient of 50*tanh(x/50) was exactly 0 from x = 450 when the probes stopped
+    at |x| = 80 (found in review)."""
+    case = Case(name, expr, exact)
+    module = load(case, gen_dir, fuse=True)
+    for point in (-2000.0, -450.0, 300.0, 450.0, 600.0, 1500.0, 2000.0):
+        want = truth(case, (point,))[1][0]
+        if not torch.finfo(torch.float32).tiny <= abs(want) <= torch.finfo(torch.float32).max:
+            continue
+        _, (got,) = evaluate(lambda t: apply(module, t), (point,), torch.float32)
+        assert rel_error(got, want, torch.float32) <= RTOL[torch.float32], (name, point, got, float(want))
+    assert module._COMPILED
