@@ -35,6 +35,8 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    - ``sqrt(a**2 + b**2)`` (any non-integer power of it, any number of squares, numbers
      included: ``1/sqrt(x**2 + 1)``) -> ``hypot(a, b)``.
    - ``x*log(y)`` -> ``xlogy(x, y)`` (finite at ``x = y = 0``).
+   - ``atanh(tanh(u))`` and ``asinh(sinh(u))`` -> ``u`` (real ``u``): evaluated as written,
+     tanh rounds to 1 and sinh overflows (atanh(tanh(-16.72)) is -16.7205 in float64).
 
    Then, for a sum, ``factor_terms`` is tried and kept if it costs fewer operations.
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
@@ -496,7 +498,23 @@ def _rule_xlogy(node: sympy.Expr):
     return coeff * xlogy(rest, logs[0].args[0])
 
 
+_INVERSES = {sympy.atanh: sympy.tanh, sympy.asinh: sympy.sinh}
+
+
+def _rule_inverse(node: sympy.Expr):
+    """atanh(tanh(u)) and asinh(sinh(u)) are u on the reals (found by the fuzz campaign).
+
+    (u = x/y is not provably real, y might be 0, but the generated code computes over the
+    reals and the domain probe refuses complex values, so only a provably complex u stays.)
+    """
+    inner = node.args[0] if type(node) in _INVERSES else None
+    if isinstance(inner, _INVERSES[type(node)] if inner is not None else ()) and inner.args[0].is_extended_real is not False:
+        return inner.args[0]
+    return None
+
+
 _RULES = (
+    _rule_inverse,
     _rule_minus_one,
     _rule_log,
     _rule_add,

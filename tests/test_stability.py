@@ -443,6 +443,7 @@ EQUALITY_EXPRS = [
     sympy.Piecewise((sympy.log(X - Y), X > Y), (0, True)),
     sympy.Piecewise((sympy.sqrt(X), (X > 0) & (X < 4)), (sympy.log(X), X >= 4), (X, True)),
     sympy.Piecewise((0, X <= 1), (sympy.sqrt(X - 1), True)),
+    sympy.atanh(sympy.tanh(X / Y)) + sympy.asinh(sympy.sinh(X)),
 ]
 PIECEWISE_EXPRS = [e for e in EQUALITY_EXPRS if e.has(sympy.Piecewise)]
 
@@ -570,6 +571,8 @@ def test_rewrites_reach_the_stable_forms():
     assert stabilize(x - sympy.log(1 + sympy.exp(x))) == -sf.softplus(-x)
     assert stabilize(sympy.log(s(x))) == -sf.softplus(-x)
     assert isinstance(stabilize(sympy.sin(x) / x), sf.Removable)
+    assert stabilize(sympy.atanh(sympy.tanh(x / Y))) == x / Y  # (tanh(-16.7) rounds to -1)
+    assert stabilize(sympy.asinh(sympy.sinh(x))) == x
     assert not stabilize(sympy.exp(x) / (1 + sympy.exp(x))).has(sympy.exp)
     assert stabilize(sympy.exp(x) - 1) == expm1(x)
     assert stabilize(sympy.log(1 + x**2)) == log1p(x**2)
