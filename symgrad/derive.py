@@ -269,8 +269,11 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
     if len(symbols) != 1:
         return False
     try:
+        # Real-only, as in sampling_domain: the generated code computes over the reals, and
+        # mpmath's complex digamma of log(-20)-like values loops for minutes (found by the
+        # fuzz campaign).
         evaluate_candidate, evaluate_reference = (
-            sympy.lambdify(symbols, expr, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
+            _real_only(sympy.lambdify(symbols, expr, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()))
             for expr in (candidate, reference)
         )
     except (TypeError, ValueError, KeyError):
@@ -627,6 +630,7 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
 # refuse them (OverflowError, i.e. "not moderate") instead of computing them.
 PROBE_MAX_EXPONENT = 1e5
 PROBE_MAX_TRIG_ARGUMENT = 1e300  # beyond float64; reducing sin(1e43429) would need a 144k-bit pi
+PROBE_MAX_SPECIAL_ARGUMENT = 1e300  # loggamma, polygamma: the same reduction, inside mpmath
 
 
 def _guard(fn, size, limit):
@@ -650,6 +654,11 @@ _PROBE_NAMESPACE = {
        for name in ("exp", "expm1", "sinh", "cosh", "gamma")},
     **{name: _guard(getattr(mpmath, name), lambda a: abs(a), PROBE_MAX_TRIG_ARGUMENT)
        for name in ("sin", "cos", "tan", "sec", "csc", "cot")},
+    # Reflection for a huge negative argument reduces pi*x: digamma(sinh(-1e3)) ran for
+    # minutes in the accuracy probes (found by the fuzz campaign). Beyond float32/64 range
+    # these are inf or nan in the generated code anyway.
+    "loggamma": _guard(mpmath.loggamma, lambda a: abs(a), PROBE_MAX_SPECIAL_ARGUMENT),
+    "polygamma": _guard(mpmath.polygamma, lambda n, a: abs(a), PROBE_MAX_SPECIAL_ARGUMENT),
     "_probe_power": _guard(mpmath.power, _power_size, PROBE_MAX_EXPONENT),
     "_probe_heaviside": lambda x, h0=mpmath.mpf(0.5): mpmath.mpf(0) if x < 0 else (h0 if x == 0 else mpmath.mpf(1)),
 }  # fmt: skip

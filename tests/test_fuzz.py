@@ -530,6 +530,13 @@ CAMPAIGN_FINDS = [
     # --save speed: trigsimp factored the second derivative of sinh(z)*sqrt(z) over Gaussian
     # integers for minutes; sinh next to any radical is now a symbol while simplifying.
     ("-(((sinh(z)) * ((z)**(1/2))) - (log((z)**(1/2), E)))", 89647, "passed"),
+    # The reuse accuracy probe evaluated digamma(sinh(x)) next to log(x) at x = -20 over the
+    # complex numbers, and mpmath's complex digamma looped for minutes: the probe is real-only.
+    (
+        "-(logaddexp((log(x, 1/2)) + (expm1(x)), digamma(sinh(x)))), erf(((2.5) * ((2.5) - (x))) * (x))",
+        80,
+        "passed",
+    ),
 ]
 
 
