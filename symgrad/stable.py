@@ -507,10 +507,11 @@ def _rule_inverse(node: sympy.Expr):
     (u = x/y is not provably real, y might be 0, but the generated code computes over the
     reals and the domain probe refuses complex values, so only a provably complex u stays.)
     """
-    inner = node.args[0] if type(node) in _INVERSES else None
-    if isinstance(inner, _INVERSES[type(node)] if inner is not None else ()) and inner.args[0].is_extended_real is not False:
-        return inner.args[0]
-    return None
+    inverse = _INVERSES.get(type(node))
+    if inverse is None or not isinstance(node.args[0], inverse):
+        return None
+    u = node.args[0].args[0]
+    return u if u.is_extended_real is not False else None
 
 
 _RULES = (
