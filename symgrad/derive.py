@@ -631,6 +631,7 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
 PROBE_MAX_EXPONENT = 1e5
 PROBE_MAX_TRIG_ARGUMENT = 1e300  # beyond float64; reducing sin(1e43429) would need a 144k-bit pi
 PROBE_MAX_SPECIAL_ARGUMENT = 1e300  # loggamma, polygamma: the same reduction, inside mpmath
+PROBE_MAX_NEGATIVE_POLYGAMMA = 1e4  # below -1e4, see _probe_polygamma
 
 
 def _guard(fn, size, limit):
@@ -641,6 +642,17 @@ def _guard(fn, size, limit):
         return fn(*args)
 
     return guarded
+
+
+def _probe_polygamma(order, argument):
+    """mpmath's polygamma, refusing arguments it would take minutes over.
+
+    Below 0 it recurs up to positive arguments one unit at a time: 3 s at -1e6, minutes at
+    -2e7 (trigamma in a domain probe; found by the fuzz campaign).
+    """
+    if not abs(argument) <= PROBE_MAX_SPECIAL_ARGUMENT or mpmath.re(argument) < -PROBE_MAX_NEGATIVE_POLYGAMMA:
+        raise OverflowError("polygamma argument too large to probe")
+    return mpmath.polygamma(order, argument)
 
 
 def _power_size(base, exponent):
@@ -658,7 +670,7 @@ _PROBE_NAMESPACE = {
     # minutes in the accuracy probes (found by the fuzz campaign). Beyond float32/64 range
     # these are inf or nan in the generated code anyway.
     "loggamma": _guard(mpmath.loggamma, lambda a: abs(a), PROBE_MAX_SPECIAL_ARGUMENT),
-    "polygamma": _guard(mpmath.polygamma, lambda n, a: abs(a), PROBE_MAX_SPECIAL_ARGUMENT),
+    "polygamma": _probe_polygamma,
     "_probe_power": _guard(mpmath.power, _power_size, PROBE_MAX_EXPONENT),
     "_probe_heaviside": lambda x, h0=mpmath.mpf(0.5): mpmath.mpf(0) if x < 0 else (h0 if x == 0 else mpmath.mpf(1)),
 }  # fmt: skip
