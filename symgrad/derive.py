@@ -630,7 +630,7 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
 # refuse them (OverflowError, i.e. "not moderate") instead of computing them.
 PROBE_MAX_EXPONENT = 1e5
 PROBE_MAX_TRIG_ARGUMENT = 1e300  # beyond float64; reducing sin(1e43429) would need a 144k-bit pi
-PROBE_MAX_SPECIAL_ARGUMENT = 1e300  # loggamma, polygamma: the same reduction, inside mpmath
+PROBE_MAX_SPECIAL_ARGUMENT = 1e300  # loggamma, polygamma (beyond float64 they are inf or nan anyway)
 PROBE_MAX_NEGATIVE_POLYGAMMA = 1e4  # below -1e4, see _probe_polygamma
 
 
@@ -666,9 +666,8 @@ _PROBE_NAMESPACE = {
        for name in ("exp", "expm1", "sinh", "cosh", "gamma")},
     **{name: _guard(getattr(mpmath, name), lambda a: abs(a), PROBE_MAX_TRIG_ARGUMENT)
        for name in ("sin", "cos", "tan", "sec", "csc", "cot")},
-    # Reflection for a huge negative argument reduces pi*x: digamma(sinh(-1e3)) ran for
-    # minutes in the accuracy probes (found by the fuzz campaign). Beyond float32/64 range
-    # these are inf or nan in the generated code anyway.
+    # Beyond float64's range these are inf or nan in the generated code anyway, and mpmath
+    # may take long over them (see _probe_polygamma).
     "loggamma": _guard(mpmath.loggamma, lambda a: abs(a), PROBE_MAX_SPECIAL_ARGUMENT),
     "polygamma": _probe_polygamma,
     "_probe_power": _guard(mpmath.power, _power_size, PROBE_MAX_EXPONENT),
