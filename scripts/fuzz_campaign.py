@@ -96,14 +96,12 @@ def _worker(tasks, results, fuse: bool = False) -> None:
     import torch
 
     torch.set_num_threads(1)
-    if fuse:
-        # Fused modules' bodies, run as they are: inductor would take seconds per expression,
-        # and what --fuse adds to check here is symgrad's (the cheaper fused forms, which
-        # bodies run eagerly), not inductor's code generation.
-        torch.compile = lambda body, **options: body
     from torch.autograd.gradcheck import GradcheckError
 
-    from test_fuzz import KinkArtefact, Refused, check_expression, known_bug
+    from test_fuzz import KinkArtefact, Refused, check_expression, known_bug, uncompiled
+
+    if fuse:
+        torch.compile = uncompiled
 
     with tempfile.TemporaryDirectory(prefix="symgrad-campaign-") as directory:
         while True:
@@ -195,7 +193,7 @@ def main() -> int:
     parser.add_argument("--report", type=float, default=60.0, help="print interim counts every N seconds")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
-        "--fuse", action="store_true", help="generate with --fuse (the bodies run uncompiled: see _worker)"
+        "--fuse", action="store_true", help="generate with --fuse (the bodies run uncompiled: see test_fuzz.uncompiled)"
     )
     options = parser.parse_args()
 

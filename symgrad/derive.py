@@ -220,8 +220,9 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
 def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
     """cheaper_fused_form(expr), and the names (FUSED_IDENTITIES) of the identities it used."""
     used = set()
-    if any(_is_sech_power(node) for node in sympy.preorder_traversal(expr)):
-        expr = expr.replace(_is_sech_power, lambda node: _sech_squared(node.base.args[0]) ** (-node.exp // 2))
+    sech = expr.replace(_is_sech_power, lambda node: _sech_squared(node.base.args[0]) ** (-node.exp // 2))
+    if sech != expr:
+        expr = sech
         used.add("sech")
     candidate, softplus_rules = expr, set()
     for _ in range(4):  # nested: x*tanh(softplus(x*tanh(softplus(x)))) needs two rounds

@@ -384,22 +384,22 @@ def workdir():
         yield Path(directory)
 
 
-def test_smooth_expression_passes_gradcheck(workdir):
+def uncompiled(body, **options):
+    """torch.compile for fuzzing fused modules: their bodies run as they are. Inductor would
+    take seconds per expression, and what --fuse adds to check here is symgrad's (the cheaper
+    fused forms, which bodies run eagerly), not inductor's code generation;
+    tests/test_fused.py and test_stability.py compile real ones."""
+    return body
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["default", "fused"])
+def test_smooth_expression_passes_gradcheck(workdir, monkeypatch, fuse):
+    if fuse:
+        monkeypatch.setattr(torch, "compile", uncompiled)
+
     @given(case=expressions(smooth=True), seed=st.integers(0, 2**31 - 1))
     def prop(hits, case, seed):
-        _one(case[0], seed, True, hits, workdir)
-
-    run_property(prop)
-
-
-def test_fused_smooth_expression_passes_gradcheck(workdir, monkeypatch):
-    """--fuse: the bodies with their cheaper fused forms, run uncompiled (inductor would take
-    seconds per example; tests/test_fused.py and test_stability.py compile real ones)."""
-    monkeypatch.setattr(torch, "compile", lambda body, **options: body)
-
-    @given(case=expressions(smooth=True), seed=st.integers(0, 2**31 - 1))
-    def prop(hits, case, seed):
-        _one(case[0], seed, True, hits, workdir, fuse=True)
+        _one(case[0], seed, True, hits, workdir, fuse=fuse)
 
     run_property(prop)
 
