@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import mpmath
 import sympy
+from sympy.codegen.cfunctions import expm1
 from sympy.printing.pycode import MpmathPrinter
 
 from .errors import SymgradError
@@ -181,7 +182,9 @@ def reuse_shared_work(expr: sympy.Expr, context: list[sympy.Expr]) -> sympy.Expr
 
 # What cheaper_fused_form rewrites, as a fused module's docstring states it.
 FUSED_IDENTITIES = {
-    "sech": "1/cosh(u)**2 = 4*sigmoid(2*u)*sigmoid(-2*u)",
+    "sech": "1/cosh(u)**2 = 4*s*(1 - s), with s = sigmoid(-2*|u|)",
+    "sigmoid_pair": "sigmoid(u)*sigmoid(-u) = s*(1 - s), with s = sigmoid(-|u|)",
+    "tanh": "tanh(u) = sign(u)*(-m/(2 + m)), with m = expm1(-2*|u|)",
     "tanh_softplus": "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)",
     "cosh_softplus": "cosh(softplus(u)) = (1 + (1 - s)**2)/(2*(1 - s)), with s = sigmoid(u)",
 }
@@ -205,14 +208,20 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
     sigmoid 4.5, log1p 8.5, cosh 13.4, tanh 15.3). In eager mode each operation of the new
     form would be a kernel of its own with a pass over memory, costing what it saves.
 
-    - 1/cosh(u)**2 (the derivative of tanh) becomes 4*sigmoid(2u)*sigmoid(-2u): two
-      sigmoids instead of cosh, a square and a divide, as accurate for every u (each factor
-      is), and smooth, so autograd differentiates the eager body exactly (double backward).
+    - tanh(u) becomes sign(u)*(-m/(2 + m)) with m = expm1(-2|u|): one expm1 (4 ms) for
+      tanh's 15, and accurate for every u, since m is in (-1, 0] and 2 + m in (1, 2].
+    - sigmoid(u)*sigmoid(-u) (the derivative of sigmoid) becomes s*(1 - s) with
+      s = sigmoid(-|u|): one sigmoid for two, accurate since s <= 1/2. 1/cosh(u)**2 (the
+      derivative of tanh) is 4*sigmoid(2u)*sigmoid(-2u), so it becomes one sigmoid too.
     - tanh(softplus(u)) (Mish) becomes s*(2 - s)/(1 + (1 - s)**2) with s = sigmoid(u), since
       exp(softplus(u)) = 1/(1 - s): one exp and a few divides instead of exp, log1p and
       tanh, and the derivative's own sigmoid(u) is the same s. cosh(softplus(u)) likewise.
       These lose accuracy where 1 - s does, so they are kept only if the whole expression
       stays within REUSE_MAX_ULPS in float32 arithmetic.
+
+    -|u| and sign(u) are written as torch.where(u > 0, ...), not with abs: on each side the
+    form is the analytic function itself, so autograd differentiates the eager body (double
+    backward) exactly to every order, at u = 0 too, where abs's derivative would be 0.
     """
     return _cheaper_fused_form(expr)[0]
 
@@ -220,6 +229,10 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
 def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
     """cheaper_fused_form(expr), and the names (FUSED_IDENTITIES) of the identities it used."""
     used = set()
+    paired = _sigmoid_pairs(expr)
+    if paired != expr:
+        expr = paired
+        used.add("sigmoid_pair")
     sech = expr.replace(_is_sech_power, lambda node: _sech_squared(node.base.args[0]) ** (-node.exp // 2))
     if sech != expr:
         expr = sech
@@ -239,7 +252,11 @@ def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
             break
         candidate = candidate.xreplace(rules)
     if softplus_rules and _as_accurate(candidate, expr):
-        return candidate, frozenset(used | softplus_rules)
+        expr, used = candidate, used | softplus_rules
+    without_tanh = expr.replace(lambda node: isinstance(node, sympy.tanh), lambda node: _tanh_from_expm1(node.args[0]))
+    if without_tanh != expr:
+        expr = without_tanh
+        used.add("tanh")
     return expr, frozenset(used)
 
 
@@ -256,8 +273,54 @@ def _is_sech_power(node: sympy.Basic) -> bool:
 
 
 def _sech_squared(u: sympy.Expr) -> sympy.Expr:
-    """1/cosh(u)**2 as 4*sigmoid(2u)*sigmoid(-2u)."""
-    return 4 * sigmoid(2 * u) * sigmoid(-2 * u)
+    """1/cosh(u)**2 = 4*sigmoid(2u)*sigmoid(-2u), with that pair as one sigmoid (_sigmoid_pairs)."""
+    s = sigmoid(_minus_abs(2 * u))
+    return 4 * s * (1 - s)
+
+
+def _minus_abs(u: sympy.Expr) -> sympy.Expr:
+    """-|u| as a Piecewise (torch.where(u > 0, -u, u)): see cheaper_fused_form for why not abs."""
+    return sympy.Piecewise((-u, u > 0), (u, True))
+
+
+def _tanh_from_expm1(u: sympy.Expr) -> sympy.Expr:
+    """tanh(u) = sign(u)*tanh(|u|), with tanh(|u|) = -m/(2 + m) and m = expm1(-2|u|)."""
+    m = expm1(_minus_abs(2 * u))
+    return sympy.Piecewise((-m / (m + 2), u > 0), (m / (m + 2), True))
+
+
+def _sigmoid_pairs(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each sigmoid(u)**p*sigmoid(-u)**p as (s*(1 - s))**p, s = sigmoid(-|u|).
+
+    Only for a u whose sigmoid(u) and sigmoid(-u) then remain nowhere else: SiLU's gradient
+    sigmoid(x) + x*sigmoid(x)*sigmoid(-x) would call sigmoid(x) anyway, and reuse_shared_work
+    makes its sigmoid(-x) 1 - sigmoid(x) where that is accurate.
+    """
+    arguments = {
+        node.args[0]
+        for node in sympy.preorder_traversal(expr)
+        if isinstance(node, sigmoid) and not node.args[0].could_extract_minus_sign()
+    }
+    for u in sorted(arguments, key=sympy.default_sort_key):
+        pair, mirror = sigmoid(u), sigmoid(-u)
+        s = sigmoid(_minus_abs(u))
+
+        def is_pair_product(node: sympy.Basic) -> bool:
+            if not node.is_Mul:
+                return False
+            powers = dict(factor.as_base_exp() for factor in node.args)
+            return pair in powers and powers.get(mirror) == powers[pair]
+
+        def one_sigmoid(node: sympy.Expr) -> sympy.Expr:
+            powers = dict(factor.as_base_exp() for factor in node.args)
+            exponent = powers[pair]
+            rest = [factor for factor in node.args if factor.as_base_exp()[0] not in (pair, mirror)]
+            return sympy.Mul(*rest, (s * (1 - s)) ** exponent)
+
+        candidate = expr.replace(is_pair_product, one_sigmoid)
+        if candidate != expr and not candidate.has(pair, mirror):
+            expr = candidate
+    return expr
 
 
 def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:

@@ -659,13 +659,15 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
             at = {x: sympy.Rational(point)}
             want = sf.to_elementary(expr).evalf(40, subs=at)
             assert abs(sf.to_elementary(fused).evalf(40, subs=at) - want) <= 1e-30 * max(1, abs(want))
-    assert cheaper_fused_form(sympy.tanh(x)) == sympy.tanh(x)  # nothing to rewrite
-    # tanh's derivative: two sigmoids instead of cosh, in any context (each factor is accurate).
+    # tanh's derivative: one sigmoid instead of cosh, in any context (each factor is accurate).
     sech4 = sympy.cosh(x * sympy.Symbol("y", real=True)) ** -4
     fused = cheaper_fused_form(sech4)
-    assert fused == (4 * sigmoid(2 * sech4.base.args[0]) * sigmoid(-2 * sech4.base.args[0])) ** 2
-    at = {x: sympy.Rational(-13, 10), sympy.Symbol("y", real=True): sympy.Rational(7, 3)}
-    assert abs(fused.evalf(40, subs=at) - sech4.evalf(40, subs=at)) <= 1e-30 * sech4.evalf(40, subs=at)
+    u = sech4.base.args[0]
+    s = sigmoid(sympy.Piecewise((-2 * u, 2 * u > 0), (2 * u, True)))
+    assert fused == (4 * s * (1 - s)) ** 2
+    for at in ({x: sympy.Rational(-13, 10)}, {x: sympy.Rational(13, 10)}):
+        at[sympy.Symbol("y", real=True)] = sympy.Rational(7, 3)
+        assert abs(fused.evalf(40, subs=at) - sech4.evalf(40, subs=at)) <= 1e-30 * sech4.evalf(40, subs=at)
     assert cheaper_fused_form(sympy.cosh(x) ** 2) == sympy.cosh(x) ** 2  # (cosh itself stays)
     # Alone, 1/cosh(softplus(x))**2 is tiny for large x, where 1 - sigmoid(x) has lost its
     # relative accuracy in float32: the accuracy guard keeps the kernels.
@@ -683,6 +685,51 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
     nested = generate_source("x*tanh(log(1+exp(x*tanh(log(1+exp(x))))))", "MishNested", fuse=True)
     assert "torch.tanh" not in nested.split("class ")[0]
     assert "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2)" in nested
+
+
+def test_cheaper_fused_form_computes_tanh_and_sigmoid_derivatives_with_one_call():
+    """derive.cheaper_fused_form: tanh(u) from one expm1 of -2|u|, and sigmoid(u)*sigmoid(-u)
+    (with tanh's 1/cosh(u)**2) from one sigmoid of -|u|, each equal to the math exactly and
+    accurate in float32 from 1e-30 to 1e4 on both sides."""
+    from symgrad.derive import cheaper_fused_form
+    from symgrad.printer import print_torch
+    from symgrad.stable_functions import sigmoid
+
+    x = sympy.Symbol("x", real=True)
+
+    def calls(expr, kind):
+        return {node for node in sympy.preorder_traversal(expr) if isinstance(node, kind)}
+
+    cases = [
+        (sympy.tanh(x), expm1, mpmath.tanh),
+        (sigmoid(x) * sigmoid(-x), sigmoid, lambda v: mpmath.exp(-v) / (1 + mpmath.exp(-v)) ** 2),
+        (sympy.cosh(x) ** -2, sigmoid, lambda v: mpmath.sech(v) ** 2),
+    ]
+    points = [0.0, 1e-30, 1e-3, 0.37, 2.5, 9.0, 20.0, 45.0, 1e4]
+    points += [-p for p in points[1:]]
+    for expr, kind, exact in cases:
+        fused = cheaper_fused_form(expr)
+        assert not fused.has(sympy.tanh, sympy.cosh) and len(calls(fused, kind)) == 1, fused
+        for point in ("-7.5", "-0.3", "0", "0.2", "4", "30"):
+            at = {x: sympy.Rational(point)}
+            want = expr.evalf(40, subs=at)
+            assert abs(sf.to_elementary(fused).evalf(40, subs=at) - want) <= 1e-30 * max(1, abs(want))
+        code = print_torch(fused, {x: "x"})
+        got = eval(code, {"torch": torch, "x": torch.tensor(points)})  # noqa: S307 (our own code)
+        for p, value in zip(points, got.tolist()):
+            with mpmath.workdps(50):
+                want = exact(mpmath.mpf(p))
+            if abs(want) < torch.finfo(torch.float32).tiny:
+                continue  # (the exact value underflows float32 whatever the form)
+            assert abs(value - want) <= 4 * 2.0**-24 * abs(want), (expr, p, value, float(want))
+    # Where sigmoid(x) is called anyway (SiLU's gradient), the pair keeps its own form:
+    # one sigmoid more would be no saving, and reuse_shared_work may make it 1 - sigmoid(x).
+    silu_gradient = sigmoid(x) + x * sigmoid(x) * sigmoid(-x)
+    assert cheaper_fused_form(silu_gradient) == silu_gradient
+    fused = generate_source("tanh(x)", "TanhForm", fuse=True)
+    assert "torch.tanh" not in fused.split("class ")[0]
+    assert "tanh(u) = sign(u)*(-m/(2 + m)), with m = expm1(-2*|u|)" in fused
+    assert "1/cosh(u)**2 = 4*s*(1 - s), with s = sigmoid(-2*|u|)" in fused
 
 
 def test_accuracy_guard_rejects_a_form_that_fails_where_the_math_is_finite():
