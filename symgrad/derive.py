@@ -227,13 +227,25 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
 
 
 def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
-    """cheaper_fused_form(expr), and the names (FUSED_IDENTITIES) of the identities it used."""
+    """cheaper_fused_form(expr), and the names (FUSED_IDENTITIES) of the identities it used.
+
+    The tanh, sech and sigmoid forms repeat their argument (in the where's condition and both
+    branches), so each rewrites only calls whose argument holds no call it rewrites itself:
+    nested, the copies would multiply (tanh(tanh(tanh(tanh(x)))) hung; found by the fuzz
+    campaign). The outer calls keep their own kernels.
+    """
     used = set()
     paired = _sigmoid_pairs(expr)
     if paired != expr:
         expr = paired
         used.add("sigmoid_pair")
-    sech = expr.replace(_is_sech_power, lambda node: _sech_squared(node.base.args[0]) ** (-node.exp // 2))
+    sech = expr.xreplace(
+        {
+            node: _sech_squared(node.base.args[0]) ** (-node.exp // 2)
+            for node in sympy.preorder_traversal(expr)
+            if _is_sech_power(node) and not node.base.args[0].has(sympy.cosh) and _positive(node.base.args[0]) is not None
+        }
+    )
     if sech != expr:
         expr = sech
         used.add("sech")
@@ -253,7 +265,13 @@ def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
         candidate = candidate.xreplace(rules)
     if softplus_rules and _as_accurate(candidate, expr):
         expr, used = candidate, used | softplus_rules
-    without_tanh = expr.replace(lambda node: isinstance(node, sympy.tanh), lambda node: _tanh_from_expm1(node.args[0]))
+    without_tanh = expr.xreplace(
+        {
+            node: _tanh_from_expm1(node.args[0])
+            for node in sympy.preorder_traversal(expr)
+            if isinstance(node, sympy.tanh) and not node.args[0].has(sympy.tanh) and _positive(node.args[0]) is not None
+        }
+    )
     if without_tanh != expr:
         expr = without_tanh
         used.add("tanh")
@@ -278,48 +296,62 @@ def _sech_squared(u: sympy.Expr) -> sympy.Expr:
     return 4 * s * (1 - s)
 
 
+def _positive(u: sympy.Expr) -> sympy.Basic | None:
+    """``u > 0``, or None where SymPy refuses to compare u, knowing it is not real.
+
+    (The forms that split on the sign of u skip such an argument: sigmoid(acosh(x > 3)) has
+    one, found by the fuzz campaign.)
+    """
+    try:
+        return u > 0
+    except TypeError:
+        return None
+
+
 def _minus_abs(u: sympy.Expr) -> sympy.Expr:
     """-|u| as a Piecewise (torch.where(u > 0, -u, u)): see cheaper_fused_form for why not abs."""
-    return sympy.Piecewise((-u, u > 0), (u, True))
+    return sympy.Piecewise((-u, _positive(u)), (u, True))
 
 
 def _tanh_from_expm1(u: sympy.Expr) -> sympy.Expr:
     """tanh(u) = sign(u)*tanh(|u|), with tanh(|u|) = -m/(2 + m) and m = expm1(-2|u|)."""
     m = expm1(_minus_abs(2 * u))
-    return sympy.Piecewise((-m / (m + 2), u > 0), (m / (m + 2), True))
+    return sympy.Piecewise((-m / (m + 2), _positive(u)), (m / (m + 2), True))
 
 
 def _sigmoid_pairs(expr: sympy.Expr) -> sympy.Expr:
     """``expr`` with each sigmoid(u)**p*sigmoid(-u)**p as (s*(1 - s))**p, s = sigmoid(-|u|).
 
-    Only for a u whose sigmoid(u) and sigmoid(-u) then remain nowhere else: SiLU's gradient
-    sigmoid(x) + x*sigmoid(x)*sigmoid(-x) would call sigmoid(x) anyway, and reuse_shared_work
-    makes its sigmoid(-x) 1 - sigmoid(x) where that is accurate.
+    Only for a u that holds no sigmoid itself (see _cheaper_fused_form), and whose sigmoid(u)
+    and sigmoid(-u) then remain nowhere else: SiLU's gradient sigmoid(x) + x*sigmoid(x)*sigmoid(-x)
+    would call sigmoid(x) anyway, and reuse_shared_work makes its sigmoid(-x) 1 - sigmoid(x)
+    where that is accurate.
     """
     arguments = {
         node.args[0]
         for node in sympy.preorder_traversal(expr)
-        if isinstance(node, sigmoid) and not node.args[0].could_extract_minus_sign()
+        if isinstance(node, sigmoid) and not node.args[0].could_extract_minus_sign() and not node.args[0].has(sigmoid)
     }
     for u in sorted(arguments, key=sympy.default_sort_key):
         pair, mirror = sigmoid(u), sigmoid(-u)
-        s = sigmoid(_minus_abs(u))
+        if not expr.has(mirror) or _positive(u) is None:
+            continue
+        s = sympy.Dummy("s")  # sigmoid(-|u|), once no pair is left: -|u| may be -u itself
 
-        def is_pair_product(node: sympy.Basic) -> bool:
+        def is_pair_product(node: sympy.Basic, pair=pair, mirror=mirror) -> bool:
             if not node.is_Mul:
                 return False
             powers = dict(factor.as_base_exp() for factor in node.args)
             return pair in powers and powers.get(mirror) == powers[pair]
 
-        def one_sigmoid(node: sympy.Expr) -> sympy.Expr:
+        def one_sigmoid(node: sympy.Expr, pair=pair, mirror=mirror) -> sympy.Expr:
             powers = dict(factor.as_base_exp() for factor in node.args)
-            exponent = powers[pair]
             rest = [factor for factor in node.args if factor.as_base_exp()[0] not in (pair, mirror)]
-            return sympy.Mul(*rest, (s * (1 - s)) ** exponent)
+            return sympy.Mul(*rest, (s * (1 - s)) ** powers[pair])
 
         candidate = expr.replace(is_pair_product, one_sigmoid)
         if candidate != expr and not candidate.has(pair, mirror):
-            expr = candidate
+            expr = candidate.xreplace({s: sigmoid(_minus_abs(u))})
     return expr
 
 
@@ -560,6 +592,11 @@ def _simplified(expr: sympy.Expr) -> sympy.Expr:
         # Newest first: a symbol's value may hold older symbols (sinh(sinh(u)) nests them).
         for dummy, value in reversed(arguments.items()):
             simplified = simplified.xreplace({dummy: value})
+        if simplified.has(*_UNDEFINED) and not expr.has(*_UNDEFINED):
+            # simplify turned x**2/(sqrt(x**2 - 1)*Abs(x)) + acosh(Abs(x)) into a Piecewise
+            # with I*pi/2 at x = 0, where the function is complex anyway; the generated code
+            # could not even print it (found by the fuzz campaign).
+            return expr
         return simplified
     except (ValueError, TypeError, ArithmeticError, AttributeError, RecursionError, sympy.polys.polyerrors.PolynomialError):
         return expr
@@ -765,6 +802,13 @@ class _ProbePrinter(MpmathPrinter):
 
     def _print_Not(self, expr):
         return f"(not {self._print(expr.args[0])})"
+
+    def _print_ITE(self, expr):
+        # (ITE: a condition that compares conditions. SymPy's printer rewrites it as a
+        # Piecewise, whose folding ran for minutes on a few nested ones: found by the fuzz
+        # campaign.)
+        condition, then, otherwise = (self._print(a) for a in expr.args)
+        return f"(({then}) if ({condition}) else ({otherwise}))"
 
     def _print_Piecewise(self, expr):
         text = "mpf('nan')"

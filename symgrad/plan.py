@@ -340,7 +340,7 @@ class _Builder:
 
         def call(kind: str, body: Method, args: str) -> str:
             """The body's call: through the runner, or direct where compiling cannot pay."""
-            name, compiled = names[kind], not _one_arithmetic_operation(body, scalars)
+            name, compiled = names[kind], not _one_elementwise_operation(body, scalars)
             bodies.append((kind, name, compiled))
             return f"{runner}({name}, {args})" if compiled else f"{name}({args})"
 
@@ -780,8 +780,8 @@ class _Builder:
         return repr(data)
 
 
-def _one_arithmetic_operation(body: Method, scalars: frozenset[str] = frozenset()) -> bool:
-    """Whether ``body`` is at most one arithmetic operation on a full-size tensor.
+def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset()) -> bool:
+    """Whether ``body`` is at most one elementwise arithmetic operation on full-size tensors.
 
     (``2 * x``, ``grad_output * result``, and ``(grad_output * 2 * x).expand(shape)`` where
     grad_output is the 0-d gradient of a sum: ``scalars`` names such values.) Such a body
@@ -838,10 +838,10 @@ def _fused_description(bodies: list[tuple[str, str, bool]], speed_backward: bool
     if not eager:
         text[0] += ", which run " + compile_note
     elif not compiled:
-        text[0] += f". {'It is' if len(eager) == 1 else 'Each is'} one arithmetic operation, so it runs " + eager_note
+        text[0] += f". {'It is' if len(eager) == 1 else 'Each is'} one elementwise operation, so it runs " + eager_note
     else:
         text[0] += f". {listed(compiled)} run{'s' if len(compiled) == 1 else ''} " + compile_note
-        each = "is one arithmetic operation and runs" if len(eager) == 1 else "are one arithmetic operation each and run"
+        each = "is one elementwise operation and runs" if len(eager) == 1 else "are one elementwise operation each and run"
         text.append(f"{listed(eager)} {each} " + eager_note)
     if speed_backward:
         text.append(

@@ -163,8 +163,8 @@ def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
         ("sum(x**2)", {"forward", "jvp"}),
     ],
 )
-def test_one_arithmetic_operation_runs_eagerly(expr, compiled, tmp_path):
-    """A body that is one arithmetic operation (2*x, grad_output*result) is called directly:
+def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path):
+    """A body that is one elementwise operation (2*x, grad_output*result) is called directly:
     an eager kernel is as fast, and the compiled call would add only a guard check. Any
     body with more, or with a function call, runs compiled."""
     module_name = "one_op_" + "".join(c for c in expr if c.isalnum())
@@ -196,6 +196,27 @@ def test_one_arithmetic_operation_runs_eagerly(expr, compiled, tmp_path):
     torch.testing.assert_close(y, want)
     torch.testing.assert_close(g, want_g)
     torch.testing.assert_close(tangent, want_g.sum() if expr.startswith("sum") else want_g)
+
+
+@pytest.mark.parametrize(
+    "returns, scalars, eager",
+    [
+        ("(g * 2 * a * x).expand(shape)", {"g", "a"}, True),  # g of a sum, a number param
+        ("(g * 2 * a * x).expand(shape)", {"a"}, False),  # g full-size: two passes
+        ("g * -x", {"g"}, False),  # (-x is a pass of its own)
+        ("g * -1", set(), True),  # (a negated constant is no operation of its own)
+        ("g * x * x", {"g"}, False),
+        ("torch.exp(g * x)", {"g"}, False),  # a call stays compiled
+        ("(g * x).sum()", {"g"}, False),  # a reduction is a call
+    ],
+)
+def test_operations_between_scalars_are_not_passes_over_memory(returns, scalars, eager):
+    """plan._one_elementwise_operation counts operations on full-size tensors only: an
+    operation between 0-d tensors or numbers costs no pass over memory."""
+    from symgrad.plan import Method, _one_elementwise_operation
+
+    body = Method(("g", "x", "a", "shape"), (), returns)
+    assert _one_elementwise_operation(body, frozenset(scalars)) is eager
 
 
 def test_fuse_and_inplace_are_refused():

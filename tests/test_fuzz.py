@@ -515,11 +515,13 @@ CAMPAIGN_FINDS = [
     # count together against SIMPLIFY_MAX_POWER.
     ("mean(((((y) * (y)) + (-(x)))**(-2)) - ((((x) + (x)) + (sinh(x)))**(-2)))", 1813, "passed"),
     # The stabilised derivative held I*AccumBounds (atanh(-oo) at a guard's edge), which the
-    # domain probe's printer could not print (PrintMethodNotImplementedError): now refused.
+    # domain probe's printer could not print (PrintMethodNotImplementedError): refused then.
+    # simplify had made that form; a simplified form with I where the derivative had none is
+    # now discarded, and the unsimplified one passes the contract on y > 1e-3.
     (
         "(atanh(log(((1e-3) < (y)), 2))) / ((y) / ((((x) + (y)) <= ((y) + (x)))))",
         6045570,
-        "is complex or undefined",
+        "passed",
     ),
     # The same interval in a --save speed second derivative (odd seed): backward and jvp
     # printed AccumBounds(...), a NameError; now that derivative is recomputed (found in review).
@@ -544,6 +546,29 @@ CAMPAIGN_FINDS = [
         370,
         "could not find an interval",
     ),
+    # simplify made the derivative a Piecewise with I*pi/2 at x = 0, which the generated code
+    # could not print (NameError: I): a simplified form with I where the derivative had none
+    # is now discarded.
+    ("(x) * (acosh(Abs(x)))", 0, "passed"),
+    # The domain probe's printer rewrote ITE (a condition comparing conditions) as a Piecewise,
+    # and SymPy folded it for minutes: it prints ITE as a conditional expression now.
+    (
+        'sum(z), ((((Min(((7) < (y)), (x)**(y))) > (Piecewise((y, (not ((x) <= (z) < (z))) and (not ((x) > (2/3)))), (Piecewise((y, not ((z) < (y))), (y, True)), ((2) > (z)) and (not ((pi) <= (x)))), ((x) / (x), True))))) < ((((log(y, 10)) * (Piecewise((z, True)))) > (log(y, E)))))',
+        53770,
+        "could not find an interval",
+    ),
+]
+
+# Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).
+CAMPAIGN_FINDS_FUSED = [
+    # The tanh and sigmoid-pair forms repeat their argument; nested, the copies multiplied
+    # until symgrad hung. Only calls with no call of the same kind inside are rewritten.
+    ("tanh(tanh(tanh(tanh(x))))", 2, "passed"),
+    ("tanh(tanh(tanh(tanh(x))))", 3, "passed"),
+    # SymPy refuses u > 0 (TypeError) for an argument it knows is not real: such a u keeps its
+    # form, and the expression gets the refusal it gets without --fuse.
+    ("sum(sigmoid(acosh((((pi) - (x)) > (x)))))", 62, "piecewise constant"),
+    ("sigmoid(log(log(sigmoid(x), 2), 2))", 0, "could not find an interval"),
 ]
 
 
@@ -555,6 +580,35 @@ def test_campaign_find(text, seed, outcome, workdir):
         except Refused as exc:
             result = str(exc)
     assert outcome in result
+
+
+@pytest.mark.parametrize(
+    "text, seed, outcome", CAMPAIGN_FINDS_FUSED, ids=[ascii(c[0][:40]) for c in CAMPAIGN_FINDS_FUSED]
+)
+def test_campaign_find_fused(text, seed, outcome, workdir, monkeypatch):
+    monkeypatch.setattr(torch, "compile", uncompiled)
+    with hang_guard():
+        try:
+            result = check_expression(text, workdir, seed, smooth=False, fuse=True)
+        except Refused as exc:
+            result = str(exc)
+    assert outcome in result
+
+
+def test_interval_in_a_stabilised_gradient_is_refused():
+    """derive._refuse_interval_values: an AccumBounds (atanh(-oo) folded at a guard's edge) is
+    an interval, not a value, and is refused in one line. The campaign find that first reached
+    it now keeps its unsimplified derivative and passes, so the guard is checked directly."""
+    from symgrad.api import build_spec
+    from symgrad.derive import _refuse_interval_values
+    from symgrad.parse import parse_spec
+
+    parsed = parse_spec(build_spec("x**2", "Probe"))
+    x = parsed.inputs[0]
+    with pytest.raises(SymgradError, match="is complex or undefined") as caught:
+        _refuse_interval_values(parsed, [(2 * x + sympy.I * sympy.AccumBounds(-1, 1),)])
+    assert "\n" not in str(caught.value)
+    _refuse_interval_values(parsed, [(2 * x,)])  # a value: no refusal
 
 
 def test_domain_probe_refuses_what_it_cannot_print():
