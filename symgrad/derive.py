@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import mpmath
 import sympy
-from sympy.codegen.cfunctions import expm1
 from sympy.printing.pycode import MpmathPrinter
 
 from .errors import SymgradError
@@ -29,6 +28,10 @@ SIMPLIFY_MAX_POWER = 8
 # simplify folds them and then simplifies every branch (Piecewise(2) - Max(4 args) with a
 # nested Piecewise ran for minutes; found by the fuzz campaign).
 SIMPLIFY_MAX_BRANCHES = 8
+# ... nor where any power has an exponent above this: trigsimp factored the speed-mode
+# second derivative of tanh(x**100), with x**198 and cosh(x**100)**-4, for minutes (found
+# by the fuzz campaign).
+SIMPLIFY_MAX_DEGREE = 32
 
 # Candidate sampling intervals, tried in order; the first on which the function and its
 # gradients are finite and moderate wins. Chosen to suit common domains: all reals,
@@ -184,7 +187,6 @@ def reuse_shared_work(expr: sympy.Expr, context: list[sympy.Expr]) -> sympy.Expr
 FUSED_IDENTITIES = {
     "sech": "1/cosh(u)**2 = 4*s*(1 - s), with s = sigmoid(-2*|u|)",
     "sigmoid_pair": "sigmoid(u)*sigmoid(-u) = s*(1 - s), with s = sigmoid(-|u|)",
-    "tanh": "tanh(u) = sign(u)*(-m/(2 + m)), with m = expm1(-2*|u|)",
     "tanh_softplus": "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)",
     "cosh_softplus": "cosh(softplus(u)) = (1 + (1 - s)**2)/(2*(1 - s)), with s = sigmoid(u)",
 }
@@ -208,8 +210,6 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
     sigmoid 4.5, log1p 8.5, cosh 13.4, tanh 15.3). In eager mode each operation of the new
     form would be a kernel of its own with a pass over memory, costing what it saves.
 
-    - tanh(u) becomes sign(u)*(-m/(2 + m)) with m = expm1(-2|u|): one expm1 (4 ms) for
-      tanh's 15, and accurate for every u, since m is in (-1, 0] and 2 + m in (1, 2].
     - sigmoid(u)*sigmoid(-u) (the derivative of sigmoid) becomes s*(1 - s) with
       s = sigmoid(-|u|): one sigmoid for two, accurate since s <= 1/2. 1/cosh(u)**2 (the
       derivative of tanh) is 4*sigmoid(2u)*sigmoid(-2u), so it becomes one sigmoid too.
@@ -219,9 +219,13 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
       These lose accuracy where 1 - s does, so they are kept only if the whole expression
       stays within REUSE_MAX_ULPS in float32 arithmetic.
 
-    -|u| and sign(u) are written as torch.where(u > 0, ...), not with abs: on each side the
-    form is the analytic function itself, so autograd differentiates the eager body (double
+    -|u| is written as torch.where(u > 0, -u, u), not with abs: on each side the form is
+    the analytic function itself, so autograd differentiates the eager body (double
     backward) exactly to every order, at u = 0 too, where abs's derivative would be 0.
+
+    (tanh itself stays: the one-call alternative, -m/(2 + m) with m = expm1(-2|u|), loses
+    all accuracy near 0 once compiled, since inductor's CPU code computes expm1 as exp - 1;
+    found in review.)
     """
     return _cheaper_fused_form(expr)[0]
 
@@ -229,10 +233,10 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
 def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
     """cheaper_fused_form(expr), and the names (FUSED_IDENTITIES) of the identities it used.
 
-    The tanh, sech and sigmoid forms repeat their argument (in the where's condition and both
+    The sech and sigmoid forms repeat their argument (in the where's condition and both
     branches), so each rewrites only calls whose argument holds no call it rewrites itself:
-    nested, the copies would multiply (tanh(tanh(tanh(tanh(x)))) hung; found by the fuzz
-    campaign). The outer calls keep their own kernels.
+    nested, the copies would multiply (tanh(tanh(tanh(tanh(x)))) hung with a tanh form now
+    withdrawn; found by the fuzz campaign). The outer calls keep their own kernels.
     """
     used = set()
     paired = _sigmoid_pairs(expr)
@@ -265,16 +269,6 @@ def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
         candidate = candidate.xreplace(rules)
     if softplus_rules and _as_accurate(candidate, expr):
         expr, used = candidate, used | softplus_rules
-    without_tanh = expr.xreplace(
-        {
-            node: _tanh_from_expm1(node.args[0])
-            for node in sympy.preorder_traversal(expr)
-            if isinstance(node, sympy.tanh) and not node.args[0].has(sympy.tanh) and _positive(node.args[0]) is not None
-        }
-    )
-    if without_tanh != expr:
-        expr = without_tanh
-        used.add("tanh")
     return expr, frozenset(used)
 
 
@@ -311,12 +305,6 @@ def _positive(u: sympy.Expr) -> sympy.Basic | None:
 def _minus_abs(u: sympy.Expr) -> sympy.Expr:
     """-|u| as a Piecewise (torch.where(u > 0, -u, u)): see cheaper_fused_form for why not abs."""
     return sympy.Piecewise((-u, _positive(u)), (u, True))
-
-
-def _tanh_from_expm1(u: sympy.Expr) -> sympy.Expr:
-    """tanh(u) = sign(u)*tanh(|u|), with tanh(|u|) = -m/(2 + m) and m = expm1(-2|u|)."""
-    m = expm1(_minus_abs(2 * u))
-    return sympy.Piecewise((-m / (m + 2), _positive(u)), (m / (m + 2), True))
 
 
 def _sigmoid_pairs(expr: sympy.Expr) -> sympy.Expr:
@@ -667,7 +655,10 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         return False
     if _piecewise_branches(expr) > SIMPLIFY_MAX_BRANCHES:
         return False
-    powers_of_sums = (abs(p.exp) for p in expr.atoms(sympy.Pow) if p.base.is_Add and p.exp.is_Rational)
+    powers = [p for p in expr.atoms(sympy.Pow) if p.exp.is_Rational]
+    if any(abs(p.exp) > SIMPLIFY_MAX_DEGREE for p in powers):
+        return False
+    powers_of_sums = (abs(p.exp) for p in powers if p.base.is_Add)
     return sum(powers_of_sums) <= SIMPLIFY_MAX_POWER
 
 

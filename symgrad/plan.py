@@ -331,18 +331,17 @@ class _Builder:
             params = fixed + tuple(self.pure_params[a] for a in used)
             return Method(params, method.lines, method.returns), tuple(f"ctx.{a}" for a in used)
 
-        bodies: list[tuple[str, str, bool]] = []  # (forward|backward|jvp, name, compiled)
-        # Values that are never full-size tensors: number params, and the 0-d gradient of a
-        # sum or mean. An operation between two of them is not a pass over memory.
-        scalars = frozenset(self.name(p) for p in self.params) | frozenset(
-            g for g, out in zip(self.names.grad_outputs, self.outputs) if out.reduction
-        )
+        bodies: list[tuple[str, str, str | None]] = []  # (forward|backward|jvp, name, why eager)
+        # Values that are never full-size tensors: the 0-d gradient of a sum or mean. (Not
+        # params: they may be tensors.) An operation between two of them is no pass over memory.
+        scalars = frozenset(g for g, out in zip(self.names.grad_outputs, self.outputs) if out.reduction)
 
         def call(kind: str, body: Method, args: str) -> str:
-            """The body's call: through the runner, or direct where compiling cannot pay."""
-            name, compiled = names[kind], not _one_elementwise_operation(body, scalars)
-            bodies.append((kind, name, compiled))
-            return f"{runner}({name}, {args})" if compiled else f"{name}({args})"
+            """The body's call: through the runner, or direct where compiling cannot pay or
+            would be inaccurate."""
+            name, reason = names[kind], _eager_reason(body, scalars)
+            bodies.append((kind, name, reason))
+            return f"{runner}({name}, {args})" if reason is None else f"{name}({args})"
 
         forward, _ = pure(self.forward, self.forward_params())
         forward_call = Method(self.forward_params(), (), call("forward", forward, ", ".join(self.forward_params())))
@@ -708,8 +707,8 @@ class _Builder:
             lines += textwrap.wrap(
                 "The fused bodies use these identities, which need fewer or cheaper calls in"
                 " one compiled kernel. Each is accurate in float32 (the softplus ones are kept"
-                " only where rounding shows it), and |u| and sign(u) are written as"
-                " torch.where(u > 0, ...), which autograd differentiates exactly on each side:",
+                " only where rounding shows it), and -|u| is written as torch.where(u > 0, -u,"
+                " u), which autograd differentiates exactly on each side:",
                 width=88,
             )
             lines += [f"    {FUSED_IDENTITIES[name]}" for name in self.d.fused_identities]
@@ -780,6 +779,25 @@ class _Builder:
         return repr(data)
 
 
+# Functions whose inductor kernels lose relative accuracy near 0 (torch 2.13, CPU): the
+# vectorised expm1 is exp(x) - 1 (5% off at x = 1e-6 in float32, 100% at 1e-30), and atanh
+# and float32 erf lose the same way; found in review. tests/test_inductor.py measures every
+# function the printer uses. A fused body calling one runs eagerly, on ATen's accurate kernel.
+INDUCTOR_INACCURATE = ("torch.atanh", "torch.expm1", "torch.special.erf")
+
+
+def _eager_reason(body: Method, scalars: frozenset[str]) -> str | None:
+    """Why a fused module calls ``body`` directly instead of compiled, or None to compile it."""
+    if _one_elementwise_operation(body, scalars):
+        return "one elementwise operation"
+    tree = ast.parse("\n".join([*body.lines, f"_ = {body.returns}"]))
+    called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    inaccurate = [name for name in INDUCTOR_INACCURATE if name in called]
+    if inaccurate:
+        return " and ".join(inaccurate)
+    return None
+
+
 def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset()) -> bool:
     """Whether ``body`` is at most one elementwise arithmetic operation on full-size tensors.
 
@@ -815,34 +833,45 @@ def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset
     return len(operations) <= 1 and not calls
 
 
-def _fused_description(bodies: list[tuple[str, str, bool]], speed_backward: bool) -> tuple[str, ...]:
-    """The fused module's docstring paragraph: which bodies run compiled, which eagerly.
+def _fused_description(bodies: list[tuple[str, str, str | None]], speed_backward: bool) -> tuple[str, ...]:
+    """The fused module's docstring paragraph: which bodies run compiled, which eagerly, and why.
 
-    ``bodies`` holds (kind, function name, compiled) for forward, backward (unless
-    ``speed_backward``) and jvp, in that order.
+    ``bodies`` holds (kind, function name, why it runs eagerly or None) for forward, backward
+    (unless ``speed_backward``) and jvp, in that order.
     """
 
     def listed(items: list[str]) -> str:
         return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
-    compiled = [f"`{name}`" for _, name, is_compiled in bodies if is_compiled]
-    eager = [f"`{name}`" for _, name, is_compiled in bodies if not is_compiled]
+    compiled = [f"`{name}`" for _, name, reason in bodies if reason is None]
     kinds = listed([kind for kind, _, _ in bodies])
     compile_note = (
         "through torch.compile(fullgraph=True), compiled on first use (the first call pays the"
         " compile, seconds; a second shape, or value of a number param, compiles once more,"
         " for all of them)."
     )
-    eager_note = "eagerly: one eager kernel is as fast, and a compiled call would only add a guard check."
     text = [f"Fused: the bodies of {kinds} are the pure functions {listed([f'`{name}`' for _, name, _ in bodies])}"]
-    if not eager:
+    if compiled and len(compiled) == len(bodies):
         text[0] += ", which run " + compile_note
-    elif not compiled:
-        text[0] += f". {'It is' if len(eager) == 1 else 'Each is'} one elementwise operation, so it runs " + eager_note
     else:
-        text[0] += f". {listed(compiled)} run{'s' if len(compiled) == 1 else ''} " + compile_note
-        each = "is one elementwise operation and runs" if len(eager) == 1 else "are one elementwise operation each and run"
-        text.append(f"{listed(eager)} {each} " + eager_note)
+        text[0] += "."
+        if compiled:
+            text.append(f"{listed(compiled)} run{'s' if len(compiled) == 1 else ''} " + compile_note)
+    for reason in dict.fromkeys(reason for _, _, reason in bodies if reason is not None):
+        eager = [f"`{name}`" for _, name, r in bodies if r == reason]
+        one = len(eager) == 1
+        if reason == "one elementwise operation":
+            text.append(
+                f"{listed(eager)} {'is' if one else 'are'} one elementwise operation{'' if one else ' each'} and"
+                f" run{'s' if one else ''} eagerly: one eager kernel is as fast, and a compiled call would only"
+                " add a guard check."
+            )
+        else:
+            text.append(
+                f"{listed(eager)} call{'s' if one else ''} {reason}, so {'it runs' if one else 'they run'} eagerly:"
+                " inductor's CPU kernels for these lose relative accuracy near 0 (its expm1 is"
+                " exp(x) - 1), and ATen's are accurate."
+            )
     if speed_backward:
         text.append(
             "Backward only multiplies by the derivatives forward returned, so it runs eagerly:"
