@@ -221,7 +221,8 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
 
     -|u| is written as torch.where(u > 0, -u, u), not with abs: on each side the form is
     the analytic function itself, so autograd differentiates the eager body (double
-    backward) exactly to every order, at u = 0 too, where abs's derivative would be 0.
+    backward) as that formula, to every order, at u = 0 too, where abs's derivative would
+    be 0.
 
     (tanh itself stays: the one-call alternative, -m/(2 + m) with m = expm1(-2|u|), loses
     all accuracy near 0 once compiled, since inductor's CPU code computes expm1 as exp - 1;

@@ -564,8 +564,9 @@ CAMPAIGN_FINDS = [
 
 # Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).
 CAMPAIGN_FINDS_FUSED = [
-    # The tanh and sigmoid-pair forms repeat their argument; nested, the copies multiplied
-    # until symgrad hung. Only calls with no call of the same kind inside are rewritten.
+    # The fused forms repeat their argument (a tanh form, since withdrawn, and the sech and
+    # sigmoid-pair forms); nested, the copies multiplied until symgrad hung. Only calls with
+    # no call of the same kind inside are rewritten.
     ("tanh(tanh(tanh(tanh(x))))", 2, "passed"),
     ("tanh(tanh(tanh(tanh(x))))", 3, "passed"),
     # SymPy refuses u > 0 (TypeError) for an argument it knows is not real: such a u keeps its
