@@ -593,13 +593,14 @@ class _Builder:
 
     def backward_term(self, output: int, expr: sympy.Expr) -> str:
         grad_output = self.names.grad_outputs[output]
-        text = grad_output if _is_one(expr) else f"{grad_output} * {_factor(self.code(expr))}"
         reduction = self.outputs[output].reduction
+        if reduction == "mean":
+            # The 0-d gradient is divided first: one scalar operation, where dividing the
+            # expanded product would be a pass over memory of its own.
+            grad_output = f"({grad_output} / {self.ctx_ref(self.shape_attr(output))}.numel())"
+        text = grad_output if _is_one(expr) else f"{grad_output} * {_factor(self.code(expr))}"
         if reduction is not None:
-            shape = self.ctx_ref(self.shape_attr(output))
-            text = f"({text}).expand({shape})"
-            if reduction == "mean":
-                text = f"{text} / {shape}.numel()"
+            text = f"({text}).expand({self.ctx_ref(self.shape_attr(output))})"
         return text
 
     def single_tangent(self) -> bool:
@@ -807,7 +808,8 @@ def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset
     a compiled one (on one CPU thread ATen's is 10-30% faster than inductor's: for that
     sum's backward at 1e7, 3.0 ms against 3.7), and the compiled call would only add
     Dynamo's guard check. A body with a function call (exp, sigmoid, ..., or a reduction)
-    stays compiled: inductor's kernels for those differ. ``expand`` makes a view, no kernel.
+    stays compiled: inductor's kernels for those differ. ``expand`` makes a view and
+    ``numel`` an int, no kernel.
     """
     tree = ast.parse("\n".join([*body.lines, f"_ = {body.returns}"]))
 
@@ -818,6 +820,8 @@ def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset
             return node.id in scalars
         if isinstance(node, ast.UnaryOp):
             return is_scalar(node.operand)
+        if isinstance(node, ast.Call):
+            return _is_method_call(node, "numel")  # (a Python int)
         return isinstance(node, ast.BinOp) and is_scalar(node.left) and is_scalar(node.right)
 
     operations = [
@@ -825,12 +829,13 @@ def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset
         for n in ast.walk(tree)
         if isinstance(n, ast.BinOp) and not is_scalar(n) or isinstance(n, ast.UnaryOp) and not is_scalar(n.operand)
     ]  # (-1 in grad_output * -1 is a constant, not an operation)
-    calls = [
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and n.func.attr == "expand")
-    ]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and not _is_method_call(n, "expand", "numel")]
     return len(operations) <= 1 and not calls
+
+
+def _is_method_call(node: ast.Call, *methods: str) -> bool:
+    """Whether ``node`` calls one of these methods (``shape.numel()``, ``t.expand(shape)``)."""
+    return isinstance(node.func, ast.Attribute) and node.func.attr in methods
 
 
 def _fused_description(bodies: list[tuple[str, str, str | None]], speed_backward: bool) -> tuple[str, ...]:

@@ -161,6 +161,8 @@ def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
         # grad_output * 2 * x: the 0-d gradient of a sum times 2 is no pass over memory, and
         # expand makes a view; forward and jvp reduce, which inductor does as well as ATen.
         ("sum(x**2)", {"forward", "jvp"}),
+        # (grad_output / shape.numel() * 2 * x: the mean's 0-d gradient is divided first)
+        ("mean(x**2)", {"forward", "jvp"}),
         # torch.expm1: inductor's CPU kernel is exp(x) - 1, inaccurate near 0 (plan.INDUCTOR_INACCURATE)
         ("exp(x) - 1", {"backward", "jvp"}),
         ("atanh(x/2)", {"backward", "jvp"}),
@@ -195,13 +197,14 @@ def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path):
         "x**3": x2**3,
         "sin(x)*x": torch.sin(x2) * x2,
         "sum(x**2)": (x2**2).sum(),
+        "mean(x**2)": (x2**2).mean(),
         "exp(x) - 1": torch.expm1(x2),
         "atanh(x/2)": torch.atanh(x2 / 2),
     }[expr]
     (want_g,) = torch.autograd.grad(want.sum(), x2)
     torch.testing.assert_close(y, want)
     torch.testing.assert_close(g, want_g)
-    torch.testing.assert_close(tangent, want_g.sum() if expr.startswith("sum") else want_g)
+    torch.testing.assert_close(tangent, want_g.sum() if expr.startswith(("sum", "mean")) else want_g)
 
 
 @pytest.mark.parametrize(
@@ -214,6 +217,7 @@ def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path):
         ("g * x * x", {"g"}, False),
         ("torch.exp(g * x)", {"g"}, False),  # a call stays compiled
         ("(g * x).sum()", {"g"}, False),  # a reduction is a call
+        ("((g / shape.numel()) * 2 * x).expand(shape)", {"g"}, True),  # numel: an int
     ],
 )
 def test_operations_between_scalars_are_not_passes_over_memory(returns, scalars, eager):
