@@ -867,7 +867,7 @@ def _fused_description(bodies: list[tuple[str, str, str | None]], speed_backward
         one = len(eager) == 1
         if reason == "one elementwise operation":
             text.append(
-                f"{listed(eager)} {'is' if one else 'are'} one elementwise operation{'' if one else ' each'} and"
+                f"{listed(eager)} {'is' if one else 'are'} at most one elementwise operation{'' if one else ' each'} and"
                 f" run{'s' if one else ''} eagerly: one eager kernel is as fast, and a compiled call would only"
                 " add a guard check."
             )
