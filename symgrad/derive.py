@@ -32,6 +32,10 @@ SIMPLIFY_MAX_BRANCHES = 8
 # second derivative of tanh(x**100), with x**198 and cosh(x**100)**-4, for minutes (found
 # by the fuzz campaign).
 SIMPLIFY_MAX_DEGREE = 32
+# ... nor where a rational has a denominator above this, as a float constant becomes
+# (1e-3 from expm1(log1p(1e-3)) is 1152921504606847/1152921504606846976): logcombine ran
+# for minutes on a Heaviside of log(x - 1e-3) minus that (found by the fuzz campaign).
+SIMPLIFY_MAX_DENOMINATOR = 10**12
 
 # Candidate sampling intervals, tried in order; the first on which the function and its
 # gradients are finite and moderate wins. Chosen to suit common domains: all reals,
@@ -565,6 +569,12 @@ def cheapest_form(expr: sympy.Expr) -> sympy.Expr:
         candidates.append(_simplified(expr))
     elif isinstance(expr, sympy.Add):
         candidates.append(sympy.Add(*(_simplified(t) if _simplify_is_bounded(t) else t for t in expr.args)))
+    if not expr.has(*_UNDEFINED):
+        # A form with I where the derivative had none: simplify turned x**2/(sqrt(x**2 - 1)*
+        # Abs(x)) + acosh(Abs(x)) into a Piecewise with I*pi/2 at x = 0, and factor_terms
+        # takes sqrt(-1) out of sqrt(-x**4 + ...), where the function is complex anyway; the
+        # generated code could not even print it (both found by the fuzz campaign).
+        candidates = [c for c in candidates if not c.has(*_UNDEFINED)]
     # Ties go to the earliest candidate, so the choice is deterministic.
     return min(candidates, key=op_count)
 
@@ -581,11 +591,6 @@ def _simplified(expr: sympy.Expr) -> sympy.Expr:
         # Newest first: a symbol's value may hold older symbols (sinh(sinh(u)) nests them).
         for dummy, value in reversed(arguments.items()):
             simplified = simplified.xreplace({dummy: value})
-        if simplified.has(*_UNDEFINED) and not expr.has(*_UNDEFINED):
-            # simplify turned x**2/(sqrt(x**2 - 1)*Abs(x)) + acosh(Abs(x)) into a Piecewise
-            # with I*pi/2 at x = 0, where the function is complex anyway; the generated code
-            # could not even print it (found by the fuzz campaign).
-            return expr
         return simplified
     except (ValueError, TypeError, ArithmeticError, AttributeError, RecursionError, sympy.polys.polyerrors.PolynomialError):
         return expr
@@ -655,6 +660,8 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         # polygamma(1, cosh(2*x)) (found by the fuzz campaign)
         return False
     if _piecewise_branches(expr) > SIMPLIFY_MAX_BRANCHES:
+        return False
+    if any(abs(r.q) > SIMPLIFY_MAX_DENOMINATOR for r in expr.atoms(sympy.Rational)):
         return False
     powers = [p for p in expr.atoms(sympy.Pow) if p.exp.is_Rational]
     if any(abs(p.exp) > SIMPLIFY_MAX_DEGREE for p in powers):

@@ -705,11 +705,17 @@ class _Builder:
                 lines.append(f"d{name}/d{symbol.name} = {gradient}{marker}" if not inner else f"d({inner}{name})/d{symbol.name} = {gradient}")
         if self.d.fused_identities:
             lines.append("")
+            uses_abs = {"sech", "sigmoid_pair"} & set(self.d.fused_identities)
             lines += textwrap.wrap(
                 "The fused bodies use these identities, which need fewer or cheaper calls in"
                 " one compiled kernel. Each is accurate in float32 (the softplus ones are kept"
-                " only where rounding shows it), and -|u| is written as torch.where(u > 0, -u,"
-                " u), which autograd differentiates exactly on each side:",
+                " only where rounding shows it)"
+                + (
+                    ", and -|u| is written as torch.where(u > 0, -u, u), which autograd"
+                    " differentiates exactly on each side:"
+                    if uses_abs
+                    else ":"
+                ),
                 width=88,
             )
             lines += [f"    {FUSED_IDENTITIES[name]}" for name in self.d.fused_identities]
@@ -787,10 +793,13 @@ class _Builder:
 INDUCTOR_INACCURATE = ("torch.atanh", "torch.expm1", "torch.special.erf")
 
 
+_ONE_OPERATION = "one elementwise operation"  # (the other reason is the inaccurate calls)
+
+
 def _eager_reason(body: Method, scalars: frozenset[str]) -> str | None:
     """Why a fused module calls ``body`` directly instead of compiled, or None to compile it."""
     if _one_elementwise_operation(body, scalars):
-        return "one elementwise operation"
+        return _ONE_OPERATION
     tree = ast.parse("\n".join([*body.lines, f"_ = {body.returns}"]))
     called = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     inaccurate = [name for name in INDUCTOR_INACCURATE if name in called]
@@ -865,7 +874,7 @@ def _fused_description(bodies: list[tuple[str, str, str | None]], speed_backward
     for reason in dict.fromkeys(reason for _, _, reason in bodies if reason is not None):
         eager = [f"`{name}`" for _, name, r in bodies if r == reason]
         one = len(eager) == 1
-        if reason == "one elementwise operation":
+        if reason == _ONE_OPERATION:
             text.append(
                 f"{listed(eager)} {'is' if one else 'are'} at most one elementwise operation{'' if one else ' each'} and"
                 f" run{'s' if one else ''} eagerly: one eager kernel is as fast, and a compiled call would only"

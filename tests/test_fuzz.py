@@ -546,13 +546,21 @@ CAMPAIGN_FINDS = [
         370,
         "could not find an interval",
     ),
-    # simplify made the derivative a Piecewise with I*pi/2 at x = 0, which the generated code
-    # could not print (NameError: I): a simplified form with I where the derivative had none
-    # is now discarded.
+    # simplify made the derivative a Piecewise with I*pi/2 at x = 0, and factor_terms took
+    # sqrt(-1) out of the derivative of acosh(-x*x), which the generated code could not print
+    # (NameError: I): cheapest_form now drops a form with I where the derivative had none.
     ("(x) * (acosh(Abs(x)))", 0, "passed"),
+    ('sum(Piecewise(((((3) + (1))**2)**(-2), (acos(0)) <= (x)), (acosh(-((x) * (x))), ((((1e-3) < (x))) <= (-(0)) <= (Piecewise((0.5, (x) <= (1) <= (x)), (x, (x) < (x)), (pi, True)))) or (((x) > (x)) and (((E) < (x)) and (not ((x) > (x)))))), (((Max(x, pi)) > (log(Piecewise((x, not (not (((not ((2.5) < (x) <= (1/2))) or ((x) >= (x))) and (not ((x) < (x)))))), (x, (x) <= (1) <= (x)), (1/2, True)), E))), True)))', 1625, "passed"),
     # --save speed (odd seed): trigsimp on the second derivative of tanh(x**100), with x**198,
     # ran for minutes; simplify now skips powers above SIMPLIFY_MAX_DEGREE.
     ("sum(tanh(((x)**(10))**(10)))", 3753675, "passed"),
+    # logcombine (inside simplify) ran for minutes on Heaviside(-log(x - 1e-3)/log(2) - r),
+    # r the exact rational of the float 1e-3; simplify now skips huge denominators.
+    (
+        "Max(Max(log((x) - (1e-3), 1/2), expm1(log1p(1e-3)))), ((x) < (((-(-(y))) > ((-(z)) / (log(x, 1/2))))))",
+        21093,
+        "passed",
+    ),
     # The domain probe's printer rewrote ITE (a condition comparing conditions) as a Piecewise,
     # and SymPy folded it for minutes: it prints ITE as a conditional expression now.
     (
