@@ -55,8 +55,8 @@ def _printed_functions():
         fn = torch
         for part in entry.torch.split(".")[1:]:
             fn = getattr(fn, part)
-        if entry.name in SECOND_ARGUMENT:
-            second, fn = SECOND_ARGUMENT[entry.name], (lambda f, c: lambda t: f(t, torch.full_like(t, c)))(fn, SECOND_ARGUMENT[entry.name])
+        if entry.name in SECOND_ARGUMENT:  # (binary: the second argument fixed)
+            fn = (lambda f, c: lambda t: f(t, torch.full_like(t, c)))(fn, SECOND_ARGUMENT[entry.name])
         points = [v for m in MAGNITUDES for v in (m, -m) if DOMAINS[entry.domain](v)]
         out.append((entry.torch, fn, points))
     return out
