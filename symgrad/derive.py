@@ -639,7 +639,10 @@ def _mixes_trig(expr: sympy.Expr) -> bool:
     # (sqrt(z) next to sinh(z) too: a speed-mode second derivative of sinh(z)*sqrt(z) ran
     # for minutes; found by the fuzz campaign)
     radicals = any(not p.exp.is_Integer for p in expr.atoms(sympy.Pow))
-    return others or radicals
+    # (and trig inside trig: the speed-mode second derivative of sinh((x + 1)*sinh(x)) ran
+    # for minutes in polynomial division; found by the fuzz campaign)
+    nested = any(isinstance(node, _TRIG) and node.args[0].has(*_TRIG) for node in sympy.preorder_traversal(expr))
+    return others or radicals or nested
 
 
 def _piecewise_branches(expr: sympy.Expr) -> int:
@@ -660,6 +663,14 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         # polygamma(1, cosh(2*x)) (found by the fuzz campaign)
         return False
     if _piecewise_branches(expr) > SIMPLIFY_MAX_BRANCHES:
+        return False
+    if any(
+        isinstance(node, sympy.Piecewise) and any(c.has(sympy.ITE, sympy.Piecewise, sympy.Max, sympy.Min) for _, c in node.args)
+        for node in sympy.preorder_traversal(expr)
+    ):
+        # A branch condition that compares with a bool (2*x < (x <= 2.5) is an ITE) or a
+        # Piecewise: piecewise_simplify's interval search ran for minutes (found by the fuzz
+        # campaign).
         return False
     if any(abs(r.q) > SIMPLIFY_MAX_DENOMINATOR for r in expr.atoms(sympy.Rational)):
         return False

@@ -554,6 +554,17 @@ CAMPAIGN_FINDS = [
     # --save speed (odd seed): trigsimp on the second derivative of tanh(x**100), with x**198,
     # ran for minutes; simplify now skips powers above SIMPLIFY_MAX_DEGREE.
     ("sum(tanh(((x)**(10))**(10)))", 3753675, "passed"),
+    # --save speed: polynomial division inside simplify ran for minutes on the second
+    # derivative of sinh((x + 1)*sinh(x)); trig inside trig now makes every trig call a symbol.
+    ("sum((sinh(((x) + (1)) * (sinh(x)))) + (atan(((x) - (x)) + (x))))", 4269243, "passed"),
+    # piecewise_simplify searched intervals for minutes on conditions holding an ITE
+    # (2*x < (x <= 2.5)); simplify now skips such a Piecewise.
+    (
+        "(y) * (Piecewise((log((x) + (2.5), E), ((x) + (x)) < (((x) <= (2.5)))),"
+        " (log((x) + (2.5), E), ((x) + (x)) < (((x) <= (3)))), (-(hypot(y, y)), True)))",
+        13780,
+        "passed",
+    ),
     # logcombine (inside simplify) ran for minutes on Heaviside(-log(x - 1e-3)/log(2) - r),
     # r the exact rational of the float 1e-3; simplify now skips huge denominators.
     (
