@@ -595,24 +595,21 @@ CAMPAIGN_FINDS_FUSED = [
 ]
 
 
-@pytest.mark.parametrize("text, seed, outcome", CAMPAIGN_FINDS, ids=[ascii(c[0][:40]) for c in CAMPAIGN_FINDS])
-def test_campaign_find(text, seed, outcome, workdir):
-    with hang_guard():
-        try:
-            result = check_expression(text, workdir, seed, smooth=False)
-        except Refused as exc:
-            result = str(exc)
-    assert outcome in result
+# Each find with the mode it was found in: --fuse ones run the fused forms, bodies uncompiled.
+CAMPAIGN_CASES = [(*case, False) for case in CAMPAIGN_FINDS] + [(*case, True) for case in CAMPAIGN_FINDS_FUSED]
 
 
 @pytest.mark.parametrize(
-    "text, seed, outcome", CAMPAIGN_FINDS_FUSED, ids=[ascii(c[0][:40]) for c in CAMPAIGN_FINDS_FUSED]
+    "text, seed, outcome, fuse",
+    CAMPAIGN_CASES,
+    ids=[("fused " if fuse else "") + ascii(text[:40]) for text, _, _, fuse in CAMPAIGN_CASES],
 )
-def test_campaign_find_fused(text, seed, outcome, workdir, monkeypatch):
-    monkeypatch.setattr(torch, "compile", uncompiled)
+def test_campaign_find(text, seed, outcome, fuse, workdir, monkeypatch):
+    if fuse:
+        monkeypatch.setattr(torch, "compile", uncompiled)
     with hang_guard():
         try:
-            result = check_expression(text, workdir, seed, smooth=False, fuse=True)
+            result = check_expression(text, workdir, seed, smooth=False, fuse=fuse)
         except Refused as exc:
             result = str(exc)
     assert outcome in result
