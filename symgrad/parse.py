@@ -34,6 +34,7 @@ MAX_CONSTANT_BITS = 2_048  # an exact integer power a**n is only computed below 
 MAX_CONSTANT = 1e300  # |c| for every constant subexpression, evaluated in bounded precision
 MIN_CONSTANT = 1e-300  # ... and a nonzero constant below this would vanish in float64
 MAX_EXACT_SPECIAL = 100  # gamma/loggamma/digamma of a larger constant is evaluated numerically
+MAX_CONDITION_COMPARISONS = 256  # a Piecewise condition, once its Piecewise values are expanded
 
 # SymPy evaluates these exactly at integer arguments (gamma(10**9) is a factorial that
 # never finishes), so a large constant argument is evaluated numerically instead.
@@ -554,9 +555,17 @@ class _Builder:
 
     def _build_piecewise(self, node: ast.AST, pairs: list) -> sympy.Expr:
         try:
+            budget = [MAX_CONDITION_COMPARISONS]
+            pairs = [(value, _without_piecewise(condition, budget)) for value, condition in pairs]
             return sympy.Piecewise(*pairs)
+        except _ConditionTooLarge:
+            raise self.fail(
+                node,
+                f"a condition in {self.source(node)} compares Piecewise values with more than "
+                f"{MAX_CONDITION_COMPARISONS} branch combinations",
+            ) from None
         except (TypeError, ValueError) as exc:
-            # SymPy folds conditions while building and refuses e.g. a comparison with zoo
+            # Expanding (or SymPy folding) a condition may compare with a value such as zoo
             raise self.fail(node, f"cannot build {self.source(node)}: {exc}") from None
         except RecursionError:
             # SymPy 1.14 recurses without end folding some conditions, e.g.
@@ -585,6 +594,43 @@ class _Builder:
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             return sympy.Not(self.condition(node.operand))
         raise self.fail(node, "a Piecewise condition must be a comparison, and/or/not of comparisons, or True")
+
+
+class _ConditionTooLarge(Exception):
+    pass
+
+
+def _without_piecewise(condition: sympy.logic.boolalg.Boolean, budget: list[int]) -> sympy.logic.boolalg.Boolean:
+    """``condition`` with every Piecewise value in it expanded into and/or of its branches.
+
+    ``Piecewise((a, c), (b, True)) > t`` becomes ``(c & (a > t)) | (~c & (b > t))``.
+    SymPy folds a condition holding a Piecewise itself when it builds the pair, and its
+    fold simplifies the resulting ITE with ``simplify_logic``, which tests relationals for
+    equality at random points: on some hash seeds a power of random rationals ran for
+    minutes (a fuzz campaign find). The expansion is plain boolean logic, so it costs only
+    its size, which ``budget`` (comparisons left to build) bounds.
+    """
+    if not condition.has(sympy.Piecewise):
+        return condition
+    if not isinstance(condition, sympy.core.relational.Relational):
+        return condition.func(*(_without_piecewise(arg, budget) for arg in condition.args))
+    # The innermost Piecewise first: its values hold no Piecewise, and its conditions,
+    # built through this function too, hold none either (any that SymPy made are expanded).
+    innermost = min(
+        (p for p in condition.atoms(sympy.Piecewise) if not any(v.has(sympy.Piecewise) for v, _ in p.args)),
+        key=sympy.default_sort_key,
+    )
+    branches = []
+    earlier: list[sympy.logic.boolalg.Boolean] = []
+    for value, branch_condition in innermost.args:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _ConditionTooLarge
+        branch_condition = _without_piecewise(branch_condition, budget)
+        compared = _without_piecewise(condition.xreplace({innermost: value}), budget)
+        branches.append(sympy.And(branch_condition, *(sympy.Not(c) for c in earlier), compared))
+        earlier.append(branch_condition)
+    return sympy.Or(*branches)
 
 
 def _resolve_names(

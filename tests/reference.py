@@ -27,11 +27,28 @@ class _Indicators(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         if isinstance(node.func, ast.Name) and node.func.id == "Piecewise":
-            return node  # comparisons in Piecewise conditions stay conditions
+            # comparisons in Piecewise conditions stay conditions; their operands are numbers
+            for pair in node.args:
+                if isinstance(pair, ast.Tuple) and len(pair.elts) == 2:
+                    pair.elts[0] = self.visit(pair.elts[0])
+                    pair.elts[1] = self._condition(pair.elts[1])
+            return node
         return self.generic_visit(node)
 
+    def _condition(self, node: ast.AST) -> ast.AST:
+        if isinstance(node, ast.Compare):
+            node.left = self.visit(node.left)
+            node.comparators = [self.visit(c) for c in node.comparators]
+        elif isinstance(node, ast.BoolOp):
+            # Python's and/or/not would ask a SymPy relational for its truth value
+            combine = "And" if isinstance(node.op, ast.And) else "Or"
+            return ast.Call(ast.Name(combine, ast.Load()), [self._condition(v) for v in node.values], [])
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return ast.Call(ast.Name("Not", ast.Load()), [self._condition(node.operand)], [])
+        return node
+
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
-        text = ast.unparse(node)
+        text = ast.unparse(self._condition(node))
         return ast.parse(f"Piecewise((1, {text}), (0, True))", mode="eval").body
 
 

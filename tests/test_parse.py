@@ -6,7 +6,9 @@ adding a row, not a test function.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import reference
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
@@ -234,6 +236,8 @@ REJECTED = [
     ("gamma(-200)*x", "infinite or undefined"),
     ("loggamma(-200.5) + x", "complex"),
     ("z <= log((x < y) <= x, 2)", "cannot build"),  # SymPy meets log(0) folding the Piecewise
+    # 9 indicators in one comparison are 2**9 branch combinations
+    ("Piecewise((x, " + " + ".join(f"(x > {k})" for k in range(9)) + " > 4), (0, True))", "more than 256 branch"),
     # outputs
     ("x > 0 and y", "only allowed inside a Piecewise condition"),
 ]
@@ -355,3 +359,28 @@ def test_long_expression_caret_is_windowed():
     shown, pointer = info.value.caret.split("\n")
     assert len(shown) <= 130
     assert shown[len(pointer) - 1] == "*"
+
+
+# A condition that compares Piecewise values (an indicator is one) is expanded into and/or
+# of the branches (parse._without_piecewise): SymPy's own fold of it could run for minutes.
+PIECEWISE_IN_CONDITION = [
+    "Piecewise((x, Piecewise((x, x > 0), (-x, True)) > 1), (0, True))",
+    "(x > 0) > (y < 1)",
+    "((x > y) + (y > 1/2)) >= 1",
+    "Piecewise((y, Max(x > 0, y) < Piecewise((x, y > x), (2*y, True))), (x*y, True))",
+    "Piecewise((x, Piecewise((Piecewise((x, y > 0), (y, True)), x > 0), (-x, True)) > 1/2), (0, True))",
+    "Piecewise((x, (Piecewise((x, x > 1), (y, True)) < 2) and not (Piecewise((1, y > 0), (x, True)) >= x)), (y, True))",
+]
+
+
+@pytest.mark.parametrize("text", PIECEWISE_IN_CONDITION)
+def test_piecewise_in_a_condition_keeps_its_meaning(text):
+    grid = np.array([-2.0, -1.0, -0.5, 0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
+    x_values, y_values = np.meshgrid(grid, grid)
+    [parsed] = parse_outputs(text)
+    assert not any(c.has(sympy.Piecewise) for p in parsed.expr.atoms(sympy.Piecewise) for _, c in p.args)
+    ordered = sorted(parsed.expr.free_symbols, key=lambda s: s.name)
+    values = {"x": x_values, "y": y_values}
+    got = sympy.lambdify(ordered, parsed.expr, modules="numpy")(*(values[s.name] for s in ordered))
+    [expected] = reference.evaluate(text, {name: values[name] for name in ("x", "y") if name in text})
+    np.testing.assert_array_equal(np.broadcast_to(got, expected.shape), expected)
