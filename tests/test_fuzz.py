@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 
 import guards
+from test_parse import PIECEWISE_IN_CONDITION
 import mpmath
 import sympy
 import torch
@@ -616,6 +617,15 @@ def test_campaign_find(text, seed, outcome, fuse, workdir, monkeypatch):
         except Refused as exc:
             result = str(exc)
     assert outcome in result
+
+
+@pytest.mark.parametrize("seed", [1, 2])  # --save speed and the default
+@pytest.mark.parametrize("text", PIECEWISE_IN_CONDITION)
+def test_piecewise_in_a_condition_passes_the_contract(text, seed, workdir):
+    """parse._without_piecewise expands such conditions: the module's forward matches the
+    reference and its gradients pass gradcheck (times x: some of them are piecewise constant)."""
+    with hang_guard():
+        assert check_expression(f"x*({text})", workdir, seed, smooth=False) == "passed"
 
 
 def test_interval_in_a_stabilised_gradient_is_refused():
