@@ -15,6 +15,7 @@ import sympy
 from .derive import FUSED_IDENTITIES, Derivation, op_count, with_derivatives_as_outputs
 from .errors import SymgradError
 from .naming import RESERVED, Namer, check_class_name
+from .inplace import reuse_buffers
 from .printer import numbers_to_floats, print_torch
 
 INDENT = "    "
@@ -286,7 +287,7 @@ class _Builder:
             fused = self.fused(saved)
         value = value_call = None
         if self.speed and not any(self.d.surrogate):
-            value = self.forward(outputs=self.n_user)
+            value = self.eager(self.forward(outputs=self.n_user))
             args = ", ".join(self.forward_params())
             value_call = f"{_value_name(self.alias)}({args})"
             if fused:
@@ -303,10 +304,10 @@ class _Builder:
             public_outputs="" if not self.speed else "[0]" if self.n_user == 1 else f"[:{self.n_user}]",
             docstring=self.docstring(saved),
             saved_comment=self.saved_comment(saved, once),
-            forward=fused.forward_call if fused else self.forward(),
+            forward=fused.forward_call if fused else self.eager(self.forward()),
             setup_context=self.setup_context(saved),
-            backward=fused.backward_call if fused else self.backward(saved),
-            jvp=fused.jvp_call if fused else self.jvp(saved),
+            backward=fused.backward_call if fused else self.eager(self.backward(saved)),
+            jvp=fused.jvp_call if fused else self.eager(self.jvp(saved)),
             setup_forward_ad=self.setup_forward_ad(saved),
             metadata=self.metadata(),
             inplace=inplace,
@@ -314,6 +315,16 @@ class _Builder:
             surrogate=any(self.d.surrogate),
             fused=fused.plan if fused else None,
         )
+
+    def eager(self, method: Method) -> Method:
+        """An eager body reuses its temporaries' buffers (symgrad.inplace). Not --inplace,
+        whose forward writes its input, and not fused bodies: inductor plans its own buffers."""
+        if self.p.spec.inplace:
+            return method
+        gradients = frozenset(self.names.grad_outputs + self.names.tangents)
+        tensors = frozenset(self.name(s) for s in self.inputs + self.names.results) | gradients
+        lines, returns = reuse_buffers(method.lines, method.returns, tensors, gradients)
+        return Method(method.params, lines, returns)
 
     def fused(self, saved: list[sympy.Symbol]) -> "_FusedParts":
         """The pure functions, and the methods that call them through the runner."""

@@ -1,0 +1,252 @@
+"""Eager bodies reuse the buffers of their own temporaries: ``(a * b).mul_(c)``.
+
+On CPU an out-of-place elementwise op writes a buffer that is not in cache, so each line
+of it is first read from memory (write-allocate) and then written back; an in-place op on
+a buffer it has just read skips that read. At 1e7 float32 on one thread ``c.mul_(b)``
+took 3.4 ms against 6.1 ms for ``a * b`` (also 6.0 ms with ``out=``), so a chain of
+arithmetic over memory-bound tensors runs up to twice as fast. Eager autograd cannot do
+this: every op's result may be saved by the next.
+
+The rewrite works on the printed Python expressions (after SymPy, so it sees exactly the
+ops that run) and mutates only a *fresh* tensor: the result of an op inside the same
+expression, never a name. The op must also be safe for everything a generated Function
+supports:
+
+- double backward records the body: the fresh tensor's producer must not save its own
+  output for its backward (``exp``, ``sqrt`` and ``sigmoid`` do; arithmetic, ``where`` and
+  ``sin`` do not), or autograd refuses the modified tensor. Autograd keeps the original
+  value itself where an in-place op's own backward needs it.
+- ``vmap`` and broadcasting: ``t.op_(u)`` fails if ``u`` is batched and ``t`` is not, or if
+  ``u`` has more elements. Both hold when every tensor ``u`` depends on is one ``t``
+  depends on (``t``'s shape and batching are those of all its tensors together), so that
+  is the rule; a gradient times the upstream gradient stays out of place, as under
+  ``jacrev`` only the upstream gradient is batched.
+- dtypes: a floating ``u`` is only combined into a ``t`` known to be floating (an integer
+  input times 2 stays an integer).
+- reductions: anything computed from a reduced (0-d) tensor is not a target.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, replace
+
+# torch.<name>(t) for a fresh floating t becomes t.<name>_() ...
+_UNARY_INPLACE = {
+    "torch.exp": "exp_",
+    "torch.log": "log_",
+    "torch.log1p": "log1p_",
+    "torch.expm1": "expm1_",
+    "torch.sin": "sin_",
+    "torch.cos": "cos_",
+    "torch.tan": "tan_",
+    "torch.asin": "asin_",
+    "torch.acos": "acos_",
+    "torch.atan": "atan_",
+    "torch.sinh": "sinh_",
+    "torch.cosh": "cosh_",
+    "torch.tanh": "tanh_",
+    "torch.sqrt": "sqrt_",
+    "torch.rsqrt": "rsqrt_",
+    "torch.abs": "abs_",
+    "torch.sigmoid": "sigmoid_",
+    "torch.special.erf": "erf_",
+    "torch.special.erfc": "erfc_",
+    "torch.lgamma": "lgamma_",
+    "torch.special.digamma": "digamma_",
+}
+# (atanh_, asinh_ and acosh_ have no derivative in torch 2.13: NotImplementedError.)
+# ... and these save their output for backward, so it must not be modified afterwards.
+_SAVES_OUTPUT = {"torch.exp", "torch.expm1", "torch.tan", "torch.tanh", "torch.sqrt", "torch.rsqrt", "torch.sigmoid"}
+# Calls whose result is a new floating tensor whatever the inputs' dtype.
+_FLOATING = set(_UNARY_INPLACE) | {
+    "torch.atan2",
+    "torch.hypot",
+    "torch.logaddexp",
+    "torch.xlogy",
+    "torch.nn.functional.softplus",
+    "torch.special.polygamma",
+}
+_REDUCTIONS = {"sum", "mean", "numel", "sum_to_size", "expand"}
+_BINARY_INPLACE = {ast.Add: "add_", ast.Sub: "sub_", ast.Mult: "mul_", ast.Div: "div_"}
+_COMMUTATIVE = (ast.Add, ast.Mult)
+
+
+@dataclass(frozen=True)
+class _Value:
+    """What the rewrite knows of an expression's value."""
+
+    deps: frozenset[str]  # the names it is computed from
+    tensor: bool = False  # certainly a tensor (not a Python number)
+    floating: bool = False  # certainly of a floating dtype
+    fresh: bool = False  # a new tensor no one else refers to, whose producer keeps no reference
+    reduced: bool = False  # computed from a reduction or a view (.expand): never a target
+
+
+_NUMBER = _Value(frozenset())
+
+
+def reuse_buffers(
+    lines: tuple[str, ...], returns: str, tensors: frozenset[str], floating: frozenset[str]
+) -> tuple[tuple[str, ...], str]:
+    """A body's lines and return expression, with in-place ops on its own fresh temporaries
+    where that is safe.
+
+    ``tensors`` names the tensors in scope (params may be numbers and are not among them),
+    ``floating`` those certainly floating (upstream gradients and tangents).
+    """
+    env = {name: _Value(frozenset({name}), tensor=True, floating=name in floating) for name in tensors}
+    rewriter = _Rewriter(env)
+    new_lines = tuple(rewriter.line(line) for line in lines)
+    return new_lines, rewriter.expression(returns) if returns else returns
+
+
+class _Rewriter:
+    def __init__(self, env: dict[str, _Value]) -> None:
+        self.env = env
+
+    def line(self, line: str) -> str:
+        indent = line[: len(line) - len(line.lstrip())]
+        try:
+            tree = ast.parse(line.strip())
+        except SyntaxError:  # an ``if ...:`` header
+            return line
+        if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
+            return line  # a comment, or a statement that computes nothing
+        statement = tree.body[0]
+        before = ast.dump(statement)
+        value, statement.value = self.visit(statement.value)
+        target = statement.targets[0]
+        if isinstance(target, ast.Name):
+            old = self.env.get(target.id)
+            if old is not None:
+                # A name assigned twice (a param replaced by ctx's number) keeps what both say.
+                value = _Value(
+                    old.deps | value.deps,
+                    tensor=old.tensor and value.tensor,
+                    floating=old.floating and value.floating,
+                    reduced=old.reduced or value.reduced,
+                )
+            self.env[target.id] = replace(value, fresh=False)
+        if ast.dump(statement) == before:
+            return line  # nothing in place: the printer's own spelling
+        return indent + ast.unparse(statement)
+
+    def expression(self, text: str) -> str:
+        tree = ast.parse(text, mode="eval").body
+        before = ast.dump(tree)
+        _, node = self.visit(tree)
+        return text if ast.dump(node) == before else ast.unparse(node)
+
+    def visit(self, node: ast.AST) -> tuple[_Value, ast.AST]:
+        if isinstance(node, ast.Constant):
+            return replace(_NUMBER, floating=isinstance(node.value, float)), node
+        if isinstance(node, ast.Name):
+            return self.env.get(node.id, _Value(frozenset({node.id}))), node
+        if isinstance(node, ast.BinOp):
+            return self.binary(node)
+        if isinstance(node, ast.UnaryOp):
+            return self.unary(node)
+        if isinstance(node, ast.Call):
+            return self.call(node)
+        if isinstance(node, ast.Tuple):
+            values = [self.visit(element) for element in node.elts]
+            node.elts = [n for _, n in values]
+            return _Value(frozenset().union(*(v.deps for v, _ in values))), node
+        return self.opaque(node)
+
+    def opaque(self, node: ast.AST) -> tuple[_Value, ast.AST]:
+        """A node not rewritten (comparisons, attributes, conditional expressions): its
+        sub-expressions still are; its value is a tensor of unknown provenance."""
+        deps: set[str] = set()
+        for field, old in ast.iter_fields(node):
+            if isinstance(old, ast.expr):
+                value, new = self.visit(old)
+                deps |= value.deps
+                setattr(node, field, new)
+            elif isinstance(old, list):
+                new_items = []
+                for item in old:
+                    if isinstance(item, ast.expr):
+                        value, item = self.visit(item)
+                        deps |= value.deps
+                    new_items.append(item)
+                setattr(node, field, new_items)
+        return _Value(frozenset(deps)), node
+
+    def binary(self, node: ast.BinOp) -> tuple[_Value, ast.AST]:
+        left, node.left = self.visit(node.left)
+        right, node.right = self.visit(node.right)
+        deps = left.deps | right.deps
+        tensor = left.tensor or right.tensor
+        floating = left.floating or right.floating or (tensor and isinstance(node.op, ast.Div))
+        reduced = left.reduced or right.reduced
+        result = _Value(deps, tensor=tensor, floating=floating, fresh=tensor and not reduced, reduced=reduced)
+        method = _BINARY_INPLACE.get(type(node.op))
+        if method is None:
+            # x ** n: pow keeps its input, not its output, for backward: the result is fresh.
+            # (scalar ** tensor and tensor ** tensor keep their output.)
+            keeps_output = not (isinstance(node.right, ast.Constant) or right.deps <= frozenset())
+            return replace(result, fresh=result.fresh and not keeps_output), node
+        if _can_absorb(left, right, node.op):
+            return result, _method_call(node.left, method, node.right)
+        if isinstance(node.op, _COMMUTATIVE) and _can_absorb(right, left, node.op):
+            return result, _method_call(node.right, method, node.left)
+        if isinstance(node.op, ast.Div) and _is_one(node.left) and right.fresh and right.floating:
+            # 1 / t: reciprocal keeps its output for backward.
+            return replace(result, fresh=False), _method_call(node.right, "reciprocal_")
+        return result, node
+
+    def unary(self, node: ast.UnaryOp) -> tuple[_Value, ast.AST]:
+        operand, node.operand = self.visit(node.operand)
+        if not isinstance(node.op, ast.USub):
+            return _Value(operand.deps), node  # ~ on a condition: bool
+        if isinstance(node.operand, ast.Constant):
+            return operand, node
+        result = replace(operand, fresh=operand.tensor and not operand.reduced)
+        if operand.fresh:
+            return result, _method_call(node.operand, "neg_")
+        return result, node
+
+    def call(self, node: ast.Call) -> tuple[_Value, ast.AST]:
+        name = ast.unparse(node.func)
+        if isinstance(node.func, ast.Attribute) and not name.startswith("torch."):
+            # A method: .expand() is a view and .sum() a reduction; never targets.
+            value, node.func.value = self.visit(node.func.value)
+            node.args = [self.visit(a)[1] for a in node.args]
+            return _Value(value.deps, tensor=value.tensor, floating=value.floating, reduced=True), node
+        values = []
+        for index, arg in enumerate(node.args):
+            value, node.args[index] = self.visit(arg)
+            values.append(value)
+        for keyword in node.keywords:
+            _, keyword.value = self.visit(keyword.value)
+        deps = frozenset().union(*(v.deps for v in values)) if values else frozenset()
+        reduced = any(v.reduced for v in values) or name in ("torch.sum", "torch.mean")
+        if not name.startswith("torch."):
+            return _Value(deps, reduced=True), node  # float("nan")
+        floating = name in _FLOATING or any(v.floating for v in values)
+        fresh = not reduced and name == "torch.where"  # where keeps only its condition
+        result = _Value(deps, tensor=True, floating=floating, fresh=fresh, reduced=reduced)
+        if name in _UNARY_INPLACE and len(values) == 1 and not node.keywords:
+            keeps_output = name in _SAVES_OUTPUT
+            result = replace(result, fresh=not reduced and not keeps_output)
+            if values[0].fresh and values[0].floating:
+                return result, _method_call(node.args[0], _UNARY_INPLACE[name])
+        return result, node
+
+
+def _can_absorb(target: _Value, operand: _Value, op: ast.operator) -> bool:
+    """Whether ``target.op_(operand)`` is safe: see the module docstring."""
+    if not target.fresh or not operand.deps <= target.deps:
+        return False
+    # (True division makes a floating result, which an integer target cannot hold.)
+    return target.floating or not (operand.floating or isinstance(op, ast.Div))
+
+
+def _method_call(receiver: ast.expr, method: str, *args: ast.expr) -> ast.Call:
+    return ast.Call(ast.Attribute(receiver, method, ast.Load()), list(args), [])
+
+
+def _is_one(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 1

@@ -1,0 +1,129 @@
+"""symgrad.inplace: eager bodies mutate only their own fresh temporaries, and only safely.
+
+The rules are checked on printed lines (data-driven, as the printer's own tests are); the
+generated modules run them under gradcheck, gradgradcheck, vmap, jacrev/jacfwd, forward
+AD, torch.compile and every dtype in test_generated.py. Here: what those cannot reach
+(integer and mixed-dtype inputs, broadcasting, a batched upstream gradient).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import uuid
+
+import pytest
+import torch
+from torch.func import jacrev, vmap
+
+import symgrad
+from symgrad.inplace import reuse_buffers
+
+TENSORS = frozenset({"x", "y", "grad_output", "x_tangent"})
+GRADIENTS = frozenset({"grad_output", "x_tangent"})
+
+# (line, the line after the rewrite)
+REWRITES = [
+    # a chain of arithmetic on the temporary it made first
+    ("r = (x * y + 1) * y", "r = (x * y).add_(1).mul_(y)"),
+    ("r = y * (x * y)", "r = (x * y).mul_(y)"),  # commutative: the fresh operand is the target
+    ("r = -(x * y)", "r = (x * y).neg_()"),
+    ("r = (0.5 * x * y) / (1 + y)", "r = (0.5 * x * y).div_(1 + y)"),
+    ("r = 1 / (x * 0.5)", "r = (x * 0.5).reciprocal_()"),
+    # unary functions of a fresh floating tensor
+    ("r = torch.sin(0.5 * x)", "r = (0.5 * x).sin_()"),
+    ("r = torch.exp(-0.5 * x ** 2)", "r = (-0.5 * x ** 2).exp_()"),
+    ("r = torch.where(x > 0, x, y) * y", "r = torch.where(x > 0, x, y).mul_(y)"),
+    # the upstream gradient is never absorbed: under jacrev only it is batched
+    ("r = grad_output * (x * y)", "r = grad_output * (x * y)"),
+    ("r = grad_output * x * y", "r = grad_output * x * y"),
+    # ... but a chain that starts from it covers it
+    ("r = (grad_output * x + 1) * x", "r = (grad_output * x).add_(1).mul_(x)"),
+    # an operand depending on a tensor the target does not: it could broadcast or be batched
+    ("r = (x * 2) * y", "r = (x * 2) * y"),
+    ("r = (x * 2) * p", "r = (x * 2) * p"),  # a param may be a tensor
+    # names are never mutated
+    ("r = x * y", "r = x * y"),
+    # producers that keep their output for backward (double backward would fail)
+    ("r = torch.exp(x) * y", "r = torch.exp(x) * y"),
+    ("r = torch.sigmoid(x * y) * y", "r = torch.sigmoid(x * y) * y"),
+    ("r = torch.sqrt(x * y) + y", "r = torch.sqrt(x * y) + y"),
+    ("r = y ** x * y", "r = y ** x * y"),  # tensor ** tensor keeps its output
+    ("r = torch.exp(torch.exp(x * 1.5))", "r = torch.exp((x * 1.5).exp_())"),
+    # dtypes: an input may be an integer tensor; a floating value is not put into it
+    ("r = (x * 2) * torch.sin(x)", "r = torch.sin(x).mul_(x * 2)"),  # the floating one is the target
+    ("r = (x * 2) / x", "r = (x * 2) / x"),
+    ("r = 1 / (x * y)", "r = 1 / (x * y)"),
+    ("r = torch.sin(x * 2)", "r = torch.sin(x * 2)"),
+    ("r = (x * 2) * x", "r = (x * 2).mul_(x)"),
+    ("r = (x * 2.0) * torch.sin(x)", "r = (x * 2.0).mul_(torch.sin(x))"),
+    # reductions and views are not targets
+    ("r = (grad_output * x).expand(s) * 2", "r = (grad_output * x).expand(s) * 2"),
+    ("r = torch.sum(x * 2.0) * x", "r = torch.sum(x * 2.0) * x"),
+    # untouched lines keep the printer's spelling
+    ("r = (x).sum()", "r = (x).sum()"),
+    ("if ctx.needs_input_grad[0]:", "if ctx.needs_input_grad[0]:"),
+]
+
+
+@pytest.mark.parametrize("line, expected", REWRITES, ids=[line for line, _ in REWRITES])
+def test_rewrite(line, expected):
+    (got,), _ = reuse_buffers((line,), "", TENSORS, GRADIENTS)
+    assert got == expected
+
+
+def test_temporaries_carry_what_they_depend_on():
+    lines = ("t0 = torch.exp(-x)", "t1 = y ** 2", "r = (2 * t0 * y) / (1 + t1)", "u = (t0 * 2.0) * y")
+    got, returns = reuse_buffers(lines, "(t0 * 3.0) * t0, t1 * 1.5", TENSORS, GRADIENTS)
+    assert got[2] == "r = (2 * t0 * y).div_(1 + t1)"  # t1 depends on y only
+    assert got[3] == "u = (t0 * 2.0) * y"  # t0 * 2.0 depends on x only
+    assert returns == "((t0 * 3.0).mul_(t0), t1 * 1.5)"
+
+
+def _load(source: str):
+    name = f"inplace_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    exec(compile(source, name, "exec"), module.__dict__)
+    return module
+
+
+def test_integer_inputs_keep_working():
+    """An integer input is not written with floats: forward matches torch on int64."""
+    module = _load(symgrad.generate_source("x**3/(1 + x**2) + 2*x*x + sin(x)*x", "IntPoly"))
+    x = torch.arange(-3, 4)
+    expected = x**3 / (1 + x**2) + 2 * x * x + torch.sin(x) * x
+    torch.testing.assert_close(module.int_poly(x), expected)
+
+
+def test_mixed_dtypes_and_broadcasting_keep_working():
+    """float16 and float64 inputs of different shapes: the same values as out of place."""
+    text = "exp(-x)*log(1 + y**2)*y + x*y/(1 + y**2)"
+    module = _load(symgrad.generate_source(text, "MixedInputs"))
+    x = torch.linspace(-1, 1, 3, dtype=torch.float16).reshape(3, 1).requires_grad_()
+    y = torch.linspace(-2, 2, 4, dtype=torch.float64).requires_grad_()
+    out = module.mixed_inputs(x, y)
+    expected = torch.exp(-x) * torch.log(1 + y**2) * y + x * y / (1 + y**2)
+    assert out.dtype == torch.float64 and out.shape == (3, 4)
+    torch.testing.assert_close(out, expected)
+    gx, gy = torch.autograd.grad(out.sum(), (x, y))
+    ex, ey = torch.autograd.grad(expected.sum(), (x, y))
+    torch.testing.assert_close(gx, ex, rtol=1e-3, atol=1e-3)  # float16
+    torch.testing.assert_close(gy, ey)
+
+
+def test_batched_upstream_gradient_and_unbatched_inputs():
+    """jacrev batches only the upstream gradient; vmap over one input batches only that one."""
+    module = _load(symgrad.generate_source("(x*y + 1)*y*sin(x) + x/(1 + y**2)", "Batched", inputs=("x", "y")))
+    x = torch.linspace(-1, 1, 5, dtype=torch.float64)
+    y = torch.linspace(0.5, 2, 5, dtype=torch.float64)
+
+    def reference(x, y):
+        return (x * y + 1) * y * torch.sin(x) + x / (1 + y**2)
+
+    for argnums in (0, 1):
+        torch.testing.assert_close(jacrev(module.batched, argnums)(x, y), jacrev(reference, argnums)(x, y))
+    batch = torch.stack([x, 2 * x])
+    torch.testing.assert_close(vmap(module.batched, (0, None))(batch, y), vmap(reference, (0, None))(batch, y))
+    torch.testing.assert_close(vmap(module.batched, (None, 0))(x, batch), vmap(reference, (None, 0))(x, batch))
