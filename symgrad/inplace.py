@@ -58,8 +58,8 @@ _UNARY_INPLACE = {
 # (atanh_, asinh_ and acosh_ have no derivative in torch 2.13: NotImplementedError.)
 # ... and these save their output for backward, so it must not be modified afterwards.
 _SAVES_OUTPUT = {"torch.exp", "torch.expm1", "torch.tan", "torch.tanh", "torch.sqrt", "torch.rsqrt", "torch.sigmoid"}
-# Calls whose result is a new floating tensor whatever the inputs' dtype.
-_FLOATING = set(_UNARY_INPLACE) | {
+# Calls whose result is a new floating tensor whatever the inputs' dtype (abs keeps it).
+_FLOATING = (set(_UNARY_INPLACE) - {"torch.abs"}) | {
     "torch.atan2",
     "torch.hypot",
     "torch.logaddexp",
@@ -87,15 +87,20 @@ _NUMBER = _Value(frozenset())
 
 
 def reuse_buffers(
-    lines: tuple[str, ...], returns: str, tensors: frozenset[str], floating: frozenset[str]
+    lines: tuple[str, ...],
+    returns: str,
+    tensors: frozenset[str],
+    floating: frozenset[str],
+    params: frozenset[str],
 ) -> tuple[tuple[str, ...], str]:
     """A body's lines and return expression, with in-place ops on its own fresh temporaries
     where that is safe.
 
-    ``tensors`` names the tensors in scope (params may be numbers and are not among them),
-    ``floating`` those certainly floating (upstream gradients and tangents).
+    ``tensors`` names the tensors in scope, ``floating`` those certainly floating (upstream
+    gradients and tangents) and ``params`` the values that may be tensors or numbers.
     """
-    env = {name: _Value(frozenset({name}), tensor=True, floating=name in floating) for name in tensors}
+    env = {name: _Value(frozenset({name})) for name in params}
+    env.update({name: _Value(frozenset({name}), tensor=True, floating=name in floating) for name in tensors})
     rewriter = _Rewriter(env)
     new_lines = tuple(rewriter.line(line) for line in lines)
     return new_lines, rewriter.expression(returns) if returns else returns
@@ -120,7 +125,8 @@ class _Rewriter:
         if isinstance(target, ast.Name):
             old = self.env.get(target.id)
             if old is not None:
-                # A name assigned twice (a param replaced by ctx's number) keeps what both say.
+                # A name assigned again (a param replaced by ctx's number when it was not a
+                # tensor, or made a tensor) keeps what both say: either may hold at run time.
                 value = _Value(
                     old.deps | value.deps,
                     tensor=old.tensor and value.tensor,

@@ -224,6 +224,8 @@ class _Builder:
         self.pure = False
         self.pure_params: dict[str, str] = {}  # ctx attribute -> parameter name
         self.pure_used: list[str] = []
+        # Whether an eager body updates a temporary in place (said in the docstring).
+        self.reused = False
 
     def ctx_ref(self, attribute: str) -> str:
         """``ctx.<attribute>`` in a method; a parameter of the same meaning in a pure function."""
@@ -287,11 +289,16 @@ class _Builder:
             fused = self.fused(saved)
         value = value_call = None
         if self.speed and not any(self.d.surrogate):
-            value = self.eager(self.forward(outputs=self.n_user))
+            value = self.forward(outputs=self.n_user)
+            if not fused:  # (fused, it runs compiled)
+                value = self.eager(value)
             args = ", ".join(self.forward_params())
             value_call = f"{_value_name(self.alias)}({args})"
             if fused:
                 value_call = f"{fused.plan.runner}({_value_name(self.alias)}, {args})"
+        forward = fused.forward_call if fused else self.eager(self.forward())
+        backward = fused.backward_call if fused else self.eager(self.backward(saved))
+        jvp = fused.jvp_call if fused else self.eager(self.jvp(saved))
         return Plan(
             value_name=_value_name(self.alias) if value else None,
             value=value,
@@ -304,10 +311,10 @@ class _Builder:
             public_outputs="" if not self.speed else "[0]" if self.n_user == 1 else f"[:{self.n_user}]",
             docstring=self.docstring(saved),
             saved_comment=self.saved_comment(saved, once),
-            forward=fused.forward_call if fused else self.eager(self.forward()),
+            forward=forward,
             setup_context=self.setup_context(saved),
-            backward=fused.backward_call if fused else self.eager(self.backward(saved)),
-            jvp=fused.jvp_call if fused else self.eager(self.jvp(saved)),
+            backward=backward,
+            jvp=jvp,
             setup_forward_ad=self.setup_forward_ad(saved),
             metadata=self.metadata(),
             inplace=inplace,
@@ -323,7 +330,9 @@ class _Builder:
             return method
         gradients = frozenset(self.names.grad_outputs + self.names.tangents)
         tensors = frozenset(self.name(s) for s in self.inputs + self.names.results) | gradients
-        lines, returns = reuse_buffers(method.lines, method.returns, tensors, gradients)
+        params = frozenset(self.name(s) for s in self.params)
+        lines, returns = reuse_buffers(method.lines, method.returns, tensors, gradients, params)
+        self.reused = self.reused or (lines, returns) != (method.lines, method.returns)
         return Method(method.params, lines, returns)
 
     def fused(self, saved: list[sympy.Symbol]) -> "_FusedParts":
@@ -730,6 +739,15 @@ class _Builder:
                 width=88,
             )
             lines += [f"    {FUSED_IDENTITIES[name]}" for name in self.d.fused_identities]
+        if self.reused:
+            lines.append("")
+            lines += textwrap.wrap(
+                "In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that"
+                " the same expression has just made, never an input, a saved tensor or a named"
+                " value: an in-place op skips the read of a new buffer that an out-of-place op"
+                " pays, and autograd, vmap and broadcasting allow each of them (symgrad.inplace).",
+                width=88,
+            )
         if self.speed:
             derivatives = [self.name(r) for r in self.names.results[self.n_user :]]
             lines.append("")

@@ -21,6 +21,7 @@ from symgrad.inplace import reuse_buffers
 
 TENSORS = frozenset({"x", "y", "grad_output", "x_tangent"})
 GRADIENTS = frozenset({"grad_output", "x_tangent"})
+PARAMS = frozenset({"p"})
 
 # (line, the line after the rewrite)
 REWRITES = [
@@ -68,16 +69,28 @@ REWRITES = [
 
 @pytest.mark.parametrize("line, expected", REWRITES, ids=[line for line, _ in REWRITES])
 def test_rewrite(line, expected):
-    (got,), _ = reuse_buffers((line,), "", TENSORS, GRADIENTS)
+    (got,), _ = reuse_buffers((line,), "", TENSORS, GRADIENTS, PARAMS)
     assert got == expected
 
 
 def test_temporaries_carry_what_they_depend_on():
     lines = ("t0 = torch.exp(-x)", "t1 = y ** 2", "r = (2 * t0 * y) / (1 + t1)", "u = (t0 * 2.0) * y")
-    got, returns = reuse_buffers(lines, "(t0 * 3.0) * t0, t1 * 1.5", TENSORS, GRADIENTS)
+    got, returns = reuse_buffers(lines, "(t0 * 3.0) * t0, t1 * 1.5", TENSORS, GRADIENTS, PARAMS)
     assert got[2] == "r = (2 * t0 * y).div_(1 + t1)"  # t1 depends on y only
     assert got[3] == "u = (t0 * 2.0) * y"  # t0 * 2.0 depends on x only
     assert returns == "((t0 * 3.0).mul_(t0), t1 * 1.5)"
+
+
+def test_a_param_replaced_by_a_number_still_counts():
+    """``p = ctx.p_number`` runs only when p was not saved as a tensor: p may still be one."""
+    lines = ("if p is None:", "    p = ctx.p_number", "r = (x * 2.0) * p", "s = (x * p * 2.0) * p")
+    got, _ = reuse_buffers(lines, "", TENSORS, GRADIENTS, PARAMS)
+    assert got[2:] == ("r = (x * 2.0) * p", "s = (x * p * 2.0).mul_(p)")
+
+
+def test_abs_keeps_an_integer_dtype():
+    (got,), _ = reuse_buffers(("r = torch.abs(x) / x",), "", TENSORS, GRADIENTS, PARAMS)
+    assert got == "r = torch.abs(x) / x"
 
 
 def _load(source: str):
