@@ -136,13 +136,13 @@ class _Rewriter:
             self.env[target.id] = replace(value, fresh=False)
         if ast.dump(statement) == before:
             return line  # nothing in place: the printer's own spelling
-        return indent + ast.unparse(statement)
+        return indent + _unparse(statement)
 
     def expression(self, text: str) -> str:
         tree = ast.parse(text, mode="eval").body
         before = ast.dump(tree)
         _, node = self.visit(tree)
-        return text if ast.dump(node) == before else ast.unparse(node)
+        return text if ast.dump(node) == before else _unparse(node)
 
     def visit(self, node: ast.AST) -> tuple[_Value, ast.AST]:
         if isinstance(node, ast.Constant):
@@ -201,6 +201,8 @@ class _Rewriter:
         if isinstance(node.op, ast.Div) and _is_one(node.left) and right.fresh and right.floating:
             # 1 / t: reciprocal keeps its output for backward.
             return replace(result, fresh=False), _method_call(node.right, "reciprocal_")
+        # A chain as an operand is parenthesised: black then puts one call on each line.
+        node.left, node.right = _parenthesised(node.left), _parenthesised(node.right)
         return result, node
 
     def unary(self, node: ast.UnaryOp) -> tuple[_Value, ast.AST]:
@@ -248,6 +250,20 @@ def _can_absorb(target: _Value, operand: _Value, op: ast.operator) -> bool:
         return False
     # (True division makes a floating result, which an integer target cannot hold.)
     return target.floating or not (operand.floating or isinstance(op, ast.Div))
+
+
+# ast.unparse drops redundant parentheses: a call of this name marks them, and _unparse
+# turns it back into a bare pair (no name the parser accepts starts with "__").
+_PAREN = "__parenthesised__"
+
+
+def _parenthesised(node: ast.expr) -> ast.expr:
+    chain = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
+    return ast.Call(ast.Name(_PAREN, ast.Load()), [node], []) if chain else node
+
+
+def _unparse(node: ast.AST) -> str:
+    return ast.unparse(node).replace(_PAREN + "(", "(")
 
 
 def _method_call(receiver: ast.expr, method: str, *args: ast.expr) -> ast.Call:

@@ -314,12 +314,13 @@ class _Builder:
         if expr.has(sympy.I):
             raise self.fail(node, "the expression has a complex value (e.g. sqrt of a negative number)")
         for part in sympy.preorder_traversal(expr):
-            negative_root = isinstance(part, sympy.Pow) and part.exp.is_Rational and not part.exp.is_Integer
-            if (isinstance(part, sympy.log) or negative_root) and part.args[0].is_negative:
-                # Complex for every input, which SymPy keeps symbolic: log(-exp(x)) is x + I*pi.
-                # Refused here, before simplify's cancel() runs for minutes on it (found by the
-                # fuzz campaign).
-                raise self.fail(node, f"{part} is complex for every input: its argument is always negative")
+            root = isinstance(part, sympy.Pow) and part.exp.is_number and part.exp.is_integer is False
+            if (isinstance(part, sympy.log) or root) and part.args[0].is_nonpositive and not part.args[0].is_zero:
+                # Complex for every input (but where the base is 0), which SymPy keeps symbolic:
+                # log(-exp(x)) is x + I*pi, and printing (-x**2)**(1/2 + E)**3 splits off the
+                # complex constant (-1)**(1/2 + E)**3. Refused here, before simplify's cancel()
+                # runs for minutes on it (both found by the fuzz campaign).
+                raise self.fail(node, f"{part} is complex for every input: its argument is never positive")
         if expr.has(sympy.zoo, sympy.oo, -sympy.oo, sympy.nan):
             raise self.fail(node, "the expression has an infinite or undefined constant (e.g. 1/0 or log(0))")
         # (A Symbol is also a sympy Boolean, so test for the logical kinds themselves.)

@@ -171,6 +171,11 @@ class TorchPrinter(StrPrinter):
 
     _print_ComplexInfinity = _print_NaN  # undefined over the reals
 
+    def _print_ImaginaryUnit(self, expr: sympy.Expr) -> str:
+        # (StrPrinter prints "I", a NameError in the generated module.) parse and derive
+        # refuse complex values; this is the last guard.
+        raise SymgradError("the expression has a complex value here, and symgrad works over the real numbers")
+
     def _print_Function(self, expr: sympy.Function) -> str:
         args = [self._print(arg) for arg in expr.args]
         tensor_args = getattr(expr, "tensor_args", None) or _TENSOR_ARGS.get(type(expr), ())
@@ -300,10 +305,16 @@ def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
     be a TypeError. Like ``sympy.nfloat(exponent=False)``, which fails on And/Or conditions.
     """
     if isinstance(expr, sympy.Expr) and expr.is_number and not expr.is_Integer and not expr.is_Float:
+        value = expr.evalf(17)
         try:
-            return sympy.Float(expr.evalf(17), 17)
-        except (TypeError, ValueError):  # not a real number: leave it to the printer to refuse
-            return expr
+            return sympy.Float(value, 17)
+        except (TypeError, ValueError):
+            if value.has(sympy.I):
+                # (-1)**(1/3) would print as Python code that makes a complex number.
+                raise SymgradError(
+                    f"the constant {expr} has a complex value, and symgrad works over the real numbers"
+                ) from None
+            return expr  # zoo or nan: printed as nan
     if expr.is_Atom or not expr.args:
         return expr
     if expr.is_Pow:

@@ -585,6 +585,18 @@ CAMPAIGN_FINDS = [
     ),
 ]
 
+# (-x**2)**a with an irrational a is complex for every x but 0; printing split off the
+# constant (-1)**a, which printed as I: a NameError in the generated forward (campaign 26).
+CAMPAIGN_FINDS.append(
+    (
+        "mean(-(x)), Piecewise(((((x) - (x)) - ((x) * (x)))**(((1/2) + (E))**3), (-(sin(x))) < (x)),"
+        " ((((x) * (x)) - ((x) * (x)))**(((1/2) + (E))**3), (-(sin(x))) < (x)), ((((x) * (x)) - ((x) *"
+        " (x)))**(((1/2) + (E))**3), True))",
+        4,
+        "is complex for every input",
+    )
+)
+
 # Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).
 CAMPAIGN_FINDS_FUSED = [
     # The fused forms repeat their argument (a tanh form, since withdrawn, and the sech and

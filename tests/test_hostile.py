@@ -160,6 +160,8 @@ NOT_REAL = [
     "digamma(-2)*x",  # a pole SymPy evaluates to nan, not zoo (found by the fuzz campaign)
     "log(-exp(x))*x",  # complex for every input; simplify's cancel() hung on it (campaign find)
     "sqrt(-1 - x**2) + x",
+    "log(-x**2)",
+    "(-x*x)**((1/2 + E)**3)",  # printed with the constant (-1)**(1/2 + E)**3 split off (campaign find)
     "mean((digamma(log((10)**(-2), 10))) * ((-((x) * (x)))**(-2)))",
 ]
 

@@ -38,6 +38,8 @@ REWRITES = [
     # the upstream gradient is never absorbed: under jacrev only it is batched
     ("r = grad_output * (x * y)", "r = grad_output * (x * y)"),
     ("r = grad_output * x * y", "r = grad_output * x * y"),
+    # a chain as an operand keeps its parentheses, so black puts one call on each line
+    ("r = grad_output * (x * y + 1)", "r = grad_output * ((x * y).add_(1))"),
     # ... but a chain that starts from it covers it
     ("r = (grad_output * x + 1) * x", "r = (grad_output * x).add_(1).mul_(x)"),
     # an operand depending on a tensor the target does not: it could broadcast or be batched

@@ -272,6 +272,14 @@ def test_unknown_functions_fail_loudly():
         print_torch(sympy.besselj(0, X), NAMES)
 
 
+def test_a_complex_constant_is_refused_not_printed():
+    """StrPrinter would print I, a NameError in the generated module (a campaign find)."""
+    with pytest.raises(SymgradError, match="complex value"):
+        print_torch(X * sympy.I, NAMES)
+    with pytest.raises(SymgradError, match="complex value"):
+        print_torch(X * (-1) ** sympy.Rational(1, 3), NAMES)  # numbers_to_floats makes it complex
+
+
 def test_heaviside_as_an_exponent_keeps_its_parentheses():
     # Found by the fuzz campaign: (2/3)**Heaviside(x) printed as 0.666 ** 0.5 * (...).
     expr = sympy.Rational(2, 3) ** sympy.Heaviside(X)
