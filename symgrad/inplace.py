@@ -67,7 +67,6 @@ _FLOATING = (set(_UNARY_INPLACE) - {"torch.abs"}) | {
     "torch.nn.functional.softplus",
     "torch.special.polygamma",
 }
-_REDUCTIONS = {"sum", "mean", "numel", "sum_to_size", "expand"}
 _BINARY_INPLACE = {ast.Add: "add_", ast.Sub: "sub_", ast.Mult: "mul_", ast.Div: "div_"}
 _COMMUTATIVE = (ast.Add, ast.Mult)
 
