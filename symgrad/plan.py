@@ -297,8 +297,8 @@ class _Builder:
             if fused:
                 value_call = f"{fused.plan.runner}({_value_name(self.alias)}, {args})"
         forward = fused.forward_call if fused else self.eager(self.forward())
-        backward = fused.backward_call if fused else self.eager(self.backward(saved))
-        jvp = fused.jvp_call if fused else self.eager(self.jvp(saved))
+        backward = fused.backward_call if fused else self.eager(self.backward(saved), differentiating=True)
+        jvp = fused.jvp_call if fused else self.eager(self.jvp(saved), differentiating=True)
         return Plan(
             value_name=_value_name(self.alias) if value else None,
             value=value,
@@ -323,15 +323,23 @@ class _Builder:
             fused=fused.plan if fused else None,
         )
 
-    def eager(self, method: Method) -> Method:
+    def eager(self, method: Method, differentiating: bool = False) -> Method:
         """An eager body reuses its temporaries' buffers (symgrad.inplace). Not --inplace,
-        whose forward writes its input, and not fused bodies: inductor plans its own buffers."""
+        whose forward writes its input, and not fused bodies: inductor plans its own buffers.
+
+        ``differentiating``: backward and jvp run only when an input is differentiated, so
+        with a single input that input is floating (only floating tensors have gradients and
+        tangents), and so is every output computed from it.
+        """
         if self.p.spec.inplace:
             return method
         gradients = frozenset(self.names.grad_outputs + self.names.tangents)
         tensors = frozenset(self.name(s) for s in self.inputs + self.names.results) | gradients
+        floating = gradients
+        if differentiating and len(self.inputs) == 1 and not self.params:
+            floating = tensors
         params = frozenset(self.name(s) for s in self.params)
-        lines, returns = reuse_buffers(method.lines, method.returns, tensors, gradients, params)
+        lines, returns = reuse_buffers(method.lines, method.returns, tensors, floating, params)
         self.reused = self.reused or (lines, returns) != (method.lines, method.returns)
         return Method(method.params, lines, returns)
 
