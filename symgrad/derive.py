@@ -41,6 +41,9 @@ SIMPLIFY_MAX_DENOMINATOR = 10**12
 # gradients are finite and moderate wins. Chosen to suit common domains: all reals,
 # positive, the open unit interval, above one.
 DOMAIN_CANDIDATES = ((-3.0, 3.0), (0.1, 3.0), (-0.9, 0.9), (1.1, 3.0), (0.1, 0.9), (-3.0, -0.1))
+# Probe points per input or param: a region where the function is NaN is found by chance,
+# and a fixed count thins out with each dimension (64 points in all missed a NaN region of
+# 2% of a 3-input box a third of the time: two campaign finds).
 DOMAIN_PROBES = 64
 DOMAIN_MAX_ABS = 1e3
 
@@ -878,7 +881,7 @@ def _all_moderate(evaluate, intervals: list[tuple[float, float]]) -> bool:
     # A Kronecker sequence: deterministic, well spread, and free of the round numbers
     # (0, 1) where many singularities sit and through which no real sample would pass.
     steps = [math.sqrt(p) % 1 for p in (2, 3, 5, 7, 11, 13, 17, 19)]
-    for k in range(1, DOMAIN_PROBES + 1):
+    for k in range(1, DOMAIN_PROBES * len(intervals) + 1):
         point = [
             lo + (hi - lo) * ((k * steps[i % len(steps)] + 0.5 * i) % 1) for i, (lo, hi) in enumerate(intervals)
         ]

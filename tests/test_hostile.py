@@ -233,7 +233,7 @@ def _forty_terms() -> str:
 
 @pytest.mark.parametrize("save", ["memory", "speed"])
 def test_forty_term_expression_generates_in_bounded_time(save, tmp_path):
-    """Simplification is cost-guarded: this generates in seconds (about 8 s and 14 s on the
+    """Simplification is cost-guarded: this generates in seconds (about 7 s and 9 s on the
     2-core CI machine); the guard only detects a hang, it asserts no time."""
     with hang_guard(180):
         source = symgrad.generate_source(_forty_terms(), "Forty", save=save)
