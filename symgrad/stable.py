@@ -544,7 +544,12 @@ def _singular_symbols(expr: sympy.Expr) -> list[sympy.Symbol]:
         elif len(base.free_symbols) == 1 and sympy.count_ops(base) <= 20:
             (x,) = base.free_symbols
             try:
-                vanishes = to_elementary(base).xreplace({x: sympy.Integer(0)}) == 0
+                # Numerically: an exact xreplace builds the value symbolically, and SymPy's
+                # Pow of a complex constant (1 - acos(0)**2)**(-1/2) ran for minutes deciding
+                # its sign (found by the fuzz campaign). A false "vanishes" only costs a try:
+                # removable() checks the limit itself.
+                value = to_elementary(base).evalf(30, subs={x: sympy.Integer(0)})
+                vanishes = bool(value.is_zero) or (value.is_Float and abs(value) < 1e-25)
             except (TypeError, ValueError, ArithmeticError):  # e.g. Max(zoo, ...) at 0
                 vanishes = False
             if vanishes:
