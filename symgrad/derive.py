@@ -586,7 +586,8 @@ def _simplified(expr: sympy.Expr) -> sympy.Expr:
     """``simplify``, or ``expr`` itself where SymPy fails on it: simplification is optional.
 
     (SymPy raises, e.g. "The argument 'exp(-1)*_rf(1, E)' is not comparable." from Max
-    inside simplify, or a RecursionError on nested Piecewise; found by the fuzz campaign.)
+    inside simplify, a RecursionError on nested Piecewise, or a KeyError from logcombine on
+    a log of zoo/x**2; found by the fuzz campaign.)
     """
     abstracted, arguments = _abstract_trig_arguments(expr)
     try:
@@ -595,7 +596,15 @@ def _simplified(expr: sympy.Expr) -> sympy.Expr:
         for dummy, value in reversed(arguments.items()):
             simplified = simplified.xreplace({dummy: value})
         return simplified
-    except (ValueError, TypeError, ArithmeticError, AttributeError, RecursionError, sympy.polys.polyerrors.PolynomialError):
+    except (
+        ValueError,
+        TypeError,
+        ArithmeticError,
+        AttributeError,
+        LookupError,
+        RecursionError,
+        sympy.polys.polyerrors.PolynomialError,
+    ):
         return expr
 
 

@@ -612,6 +612,9 @@ CAMPAIGN_FINDS += [
     # Looking for removable singularities evaluated a denominator at 0 exactly, and SymPy's
     # Pow of the complex constant 1 - acos(0)**2 ran for minutes (campaign 27): numerically now.
     ("loggamma(hypot(z, acos(acos(z))))", 2, "could not find an interval"),
+    # simplify's logcombine raised KeyError (a SymPy bug) on a log of zoo/x**2: simplify
+    # is optional, so the unsimplified form is kept (campaign 27).
+    ("sum((log(abs(Max(x, x, 2.5)), 1/2)) / ((x) * (atan(((2.5) < (x))))))", 181921, "could not find an interval"),
 ]
 
 # Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).
