@@ -14,8 +14,8 @@ import sympy
 
 from .derive import FUSED_IDENTITIES, Derivation, op_count, with_derivatives_as_outputs
 from .errors import SymgradError
-from .naming import RESERVED, Namer, check_class_name
 from .inplace import reuse_buffers
+from .naming import RESERVED, Namer, check_class_name
 from .printer import numbers_to_floats, print_torch
 
 INDENT = "    "
