@@ -9,21 +9,26 @@ this: every op's result may be saved by the next.
 
 The rewrite works on the printed Python expressions (after SymPy, so it sees exactly the
 ops that run) and mutates only a *fresh* tensor: the result of an op inside the same
-expression, never a name. The op must also be safe for everything a generated Function
-supports:
+expression, never a name. ``t.op_(u)`` must also behave as ``t op u`` everywhere a
+generated Function runs:
 
 - double backward records the body: the fresh tensor's producer must not save its own
-  output for its backward (``exp``, ``sqrt`` and ``sigmoid`` do; arithmetic, ``where`` and
-  ``sin`` do not), or autograd refuses the modified tensor. Autograd keeps the original
-  value itself where an in-place op's own backward needs it.
-- ``vmap`` and broadcasting: ``t.op_(u)`` fails if ``u`` is batched and ``t`` is not, or if
-  ``u`` has more elements. Both hold when every tensor ``u`` depends on is one ``t``
-  depends on (``t``'s shape and batching are those of all its tensors together), so that
-  is the rule; a gradient times the upstream gradient stays out of place, as under
-  ``jacrev`` only the upstream gradient is batched.
-- dtypes: a floating ``u`` is only combined into a ``t`` known to be floating (an integer
-  input times 2 stays an integer).
-- reductions: anything computed from a reduced (0-d) tensor is not a target.
+  output for its backward (``exp``, ``sqrt`` and ``sigmoid`` do; arithmetic and ``sin``
+  do not), or autograd refuses the modified tensor. Autograd keeps the original value
+  itself where an in-place op's own backward needs it.
+- shapes and ``vmap``: ``t.op_(u)`` fails if ``u`` does not broadcast to ``t``'s shape, or
+  if ``u`` is batched and ``t`` is not. Neither can happen when every name ``u`` depends
+  on is one ``t`` depends on, as the shape and batching of an elementwise result are those
+  of all its tensors together: that is the rule. So a gradient times the upstream gradient
+  stays out of place: under ``jacrev`` only the upstream gradient is batched.
+- dtypes: ``t.op_(u)`` keeps ``t``'s dtype, where ``t op u`` promotes. The target must be
+  known to be floating (an integer or bool input times 2 is not), and then ``u``, built
+  from a subset of ``t``'s tensors, promotes to no wider dtype than ``t``'s.
+- values whose shape or dtype do not follow their tensors are never a target or an
+  operand, nor is anything computed from them: reductions, method results such as
+  ``.expand()``, comparisons, and a ``torch.where`` whose condition depends on a name its
+  branches do not (its shape comes from the condition too, its dtype only from the
+  branches: ``where(x > 0, y, 0)`` has x's shape and y's dtype).
 """
 
 from __future__ import annotations
@@ -79,10 +84,13 @@ class _Value:
     tensor: bool = False  # certainly a tensor (not a Python number)
     floating: bool = False  # certainly of a floating dtype
     fresh: bool = False  # a new tensor no one else refers to, whose producer keeps no reference
-    reduced: bool = False  # computed from a reduction or a view (.expand): never a target
+    irregular: bool = False  # shape or dtype not that of its tensors together (see above)
 
 
-_NUMBER = _Value(frozenset())
+# Calls whose result has their first argument's dtype.
+_KEEPS_DTYPE = {"torch.abs", "torch.sign", "torch.floor", "torch.ceil", "torch.clamp", "torch.full_like"}
+# Calls whose result is not elementwise in its arguments.
+_IRREGULAR = {"torch.where", "torch.sum", "torch.mean"}  # (where: see _Rewriter.where)
 
 
 def reuse_buffers(
@@ -130,7 +138,7 @@ class _Rewriter:
                     old.deps | value.deps,
                     tensor=old.tensor and value.tensor,
                     floating=old.floating and value.floating,
-                    reduced=old.reduced or value.reduced,
+                    irregular=old.irregular or value.irregular,
                 )
             self.env[target.id] = replace(value, fresh=False)
         if ast.dump(statement) == before:
@@ -145,24 +153,22 @@ class _Rewriter:
 
     def visit(self, node: ast.AST) -> tuple[_Value, ast.AST]:
         if isinstance(node, ast.Constant):
-            return replace(_NUMBER, floating=isinstance(node.value, float)), node
+            return _Value(frozenset(), floating=isinstance(node.value, float)), node
         if isinstance(node, ast.Name):
             return self.env.get(node.id, _Value(frozenset({node.id}))), node
+        if isinstance(node, ast.Attribute):
+            return _Value(frozenset()), node  # ctx.x_shape, x.dtype: not tensors
         if isinstance(node, ast.BinOp):
             return self.binary(node)
         if isinstance(node, ast.UnaryOp):
             return self.unary(node)
         if isinstance(node, ast.Call):
             return self.call(node)
-        if isinstance(node, ast.Tuple):
-            values = [self.visit(element) for element in node.elts]
-            node.elts = [n for _, n in values]
-            return _Value(frozenset().union(*(v.deps for v, _ in values))), node
         return self.opaque(node)
 
     def opaque(self, node: ast.AST) -> tuple[_Value, ast.AST]:
-        """A node not rewritten (comparisons, attributes, conditional expressions): its
-        sub-expressions still are; its value is a tensor of unknown provenance."""
+        """A node not rewritten (a tuple, a comparison, a conditional expression): its
+        sub-expressions still are; its value takes part in no in-place op."""
         deps: set[str] = set()
         for field, old in ast.iter_fields(node):
             if isinstance(old, ast.expr):
@@ -177,25 +183,29 @@ class _Rewriter:
                         deps |= value.deps
                     new_items.append(item)
                 setattr(node, field, new_items)
-        return _Value(frozenset(deps)), node
+        return _Value(frozenset(deps), irregular=True), node
 
     def binary(self, node: ast.BinOp) -> tuple[_Value, ast.AST]:
         left, node.left = self.visit(node.left)
         right, node.right = self.visit(node.right)
-        deps = left.deps | right.deps
         tensor = left.tensor or right.tensor
-        floating = left.floating or right.floating or (tensor and isinstance(node.op, ast.Div))
-        reduced = left.reduced or right.reduced
-        result = _Value(deps, tensor=tensor, floating=floating, fresh=tensor and not reduced, reduced=reduced)
+        irregular = left.irregular or right.irregular
+        result = _Value(
+            left.deps | right.deps,
+            tensor=tensor,
+            floating=left.floating or right.floating or (tensor and isinstance(node.op, ast.Div)),
+            fresh=tensor and not irregular,
+            irregular=irregular,
+        )
         method = _BINARY_INPLACE.get(type(node.op))
         if method is None:
             # x ** n: pow keeps its input, not its output, for backward: the result is fresh.
             # (scalar ** tensor and tensor ** tensor keep their output.)
-            keeps_output = not (isinstance(node.right, ast.Constant) or right.deps <= frozenset())
+            keeps_output = bool(right.deps) or not isinstance(node.right, (ast.Constant, ast.UnaryOp))
             return replace(result, fresh=result.fresh and not keeps_output), node
-        if _can_absorb(left, right, node.op):
+        if _can_absorb(left, right):
             return result, _method_call(node.left, method, node.right)
-        if isinstance(node.op, _COMMUTATIVE) and _can_absorb(right, left, node.op):
+        if isinstance(node.op, _COMMUTATIVE) and _can_absorb(right, left):
             return result, _method_call(node.right, method, node.left)
         if isinstance(node.op, ast.Div) and _is_one(node.left) and right.fresh and right.floating:
             # 1 / t: reciprocal keeps its output for backward.
@@ -207,21 +217,21 @@ class _Rewriter:
     def unary(self, node: ast.UnaryOp) -> tuple[_Value, ast.AST]:
         operand, node.operand = self.visit(node.operand)
         if not isinstance(node.op, ast.USub):
-            return _Value(operand.deps), node  # ~ on a condition: bool
+            return _Value(operand.deps, irregular=True), node  # ~ on a condition: bool
         if isinstance(node.operand, ast.Constant):
             return operand, node
-        result = replace(operand, fresh=operand.tensor and not operand.reduced)
-        if operand.fresh:
+        result = replace(operand, fresh=operand.tensor and not operand.irregular)
+        if operand.fresh and operand.floating:
             return result, _method_call(node.operand, "neg_")
         return result, node
 
     def call(self, node: ast.Call) -> tuple[_Value, ast.AST]:
         name = ast.unparse(node.func)
         if isinstance(node.func, ast.Attribute) and not name.startswith("torch."):
-            # A method: .expand() is a view and .sum() a reduction; never targets.
+            # A method: .expand() is a view of another shape, .sum() a reduction.
             value, node.func.value = self.visit(node.func.value)
             node.args = [self.visit(a)[1] for a in node.args]
-            return _Value(value.deps, tensor=value.tensor, floating=value.floating, reduced=True), node
+            return _Value(value.deps, tensor=value.tensor, irregular=True), node
         values = []
         for index, arg in enumerate(node.args):
             value, node.args[index] = self.visit(arg)
@@ -229,26 +239,39 @@ class _Rewriter:
         for keyword in node.keywords:
             _, keyword.value = self.visit(keyword.value)
         deps = frozenset().union(*(v.deps for v in values)) if values else frozenset()
-        reduced = any(v.reduced for v in values) or name in ("torch.sum", "torch.mean")
         if not name.startswith("torch."):
-            return _Value(deps, reduced=True), node  # float("nan")
-        floating = name in _FLOATING or any(v.floating for v in values)
-        fresh = not reduced and name == "torch.where"  # where keeps only its condition
-        result = _Value(deps, tensor=True, floating=floating, fresh=fresh, reduced=reduced)
+            return _Value(deps, floating=name == "float"), node  # float("nan")
+        if name == "torch.where" and len(values) == 3 and not node.keywords:
+            return self.where(*values), node
+        irregular = name in _IRREGULAR or any(v.irregular for v in values)
+        floating = name in _FLOATING or (name in _KEEPS_DTYPE and bool(values) and values[0].floating)
+        result = _Value(deps, tensor=True, floating=floating, irregular=irregular)
         if name in _UNARY_INPLACE and len(values) == 1 and not node.keywords:
-            keeps_output = name in _SAVES_OUTPUT
-            result = replace(result, fresh=not reduced and not keeps_output)
+            result = replace(result, fresh=not irregular and name not in _SAVES_OUTPUT)
             if values[0].fresh and values[0].floating:
                 return result, _method_call(node.args[0], _UNARY_INPLACE[name])
         return result, node
 
 
-def _can_absorb(target: _Value, operand: _Value, op: ast.operator) -> bool:
+    @staticmethod
+    def where(condition: _Value, then: _Value, otherwise: _Value) -> _Value:
+        """torch.where's dtype is its branches', its shape also the condition's: regular (and
+        fresh: where keeps only the condition) when the branches depend on every name the
+        condition does, ``torch.where(abs(x) < 0.125, 0.125, x)``; not ``where(x > 0, y, 0)``."""
+        branches = then.deps | otherwise.deps
+        regular = condition.deps <= branches and not (then.irregular or otherwise.irregular)
+        return _Value(
+            condition.deps | branches,
+            tensor=True,
+            floating=then.floating or otherwise.floating,
+            fresh=regular,
+            irregular=not regular,
+        )
+
+
+def _can_absorb(target: _Value, operand: _Value) -> bool:
     """Whether ``target.op_(operand)`` is safe: see the module docstring."""
-    if not target.fresh or not operand.deps <= target.deps:
-        return False
-    # (True division makes a floating result, which an integer target cannot hold.)
-    return target.floating or not (operand.floating or isinstance(op, ast.Div))
+    return target.fresh and target.floating and not operand.irregular and operand.deps <= target.deps
 
 
 # ast.unparse drops redundant parentheses: a call of this name marks them, and _unparse
