@@ -583,24 +583,18 @@ CAMPAIGN_FINDS = [
         53770,
         "could not find an interval",
     ),
-]
-
-# (-x**2)**a with an irrational a is complex for every x but 0; printing split off the
-# constant (-1)**a, which printed as I: a NameError in the generated forward (campaign 26).
-CAMPAIGN_FINDS.append(
+    # (-x**2)**a with an irrational a is complex for every x but 0; printing split off the
+    # constant (-1)**a, which printed as I: a NameError in the generated forward (campaign 26).
     (
         "mean(-(x)), Piecewise(((((x) - (x)) - ((x) * (x)))**(((1/2) + (E))**3), (-(sin(x))) < (x)),"
         " ((((x) * (x)) - ((x) * (x)))**(((1/2) + (E))**3), (-(sin(x))) < (x)), ((((x) * (x)) - ((x) *"
         " (x)))**(((1/2) + (E))**3), True))",
         4,
         "is complex for every input",
-    )
-)
-
-# The domain probe missed a NaN region (2% of a 3-input box; acos of a value beyond 1 on
-# part of a 2-input one), so gradcheck met NaN at a sample: probes now scale with the
-# number of inputs (campaigns 17 and 27).
-CAMPAIGN_FINDS += [
+    ),
+    # The domain probe missed a NaN region (2% of a 3-input box; acos of a value beyond 1 on
+    # part of a 2-input one), so gradcheck met NaN at a sample: probes now scale with the
+    # number of inputs (campaigns 17 and 27).
     (
         "Min(Piecewise(((-(y))**(z), ((x) < (x) < (1/2)) and ((not ((x) > (x))) or (((not ((x) < (z)))"
         " and (((y) <= (y)) and ((E) <= (0)))) and ((x) > (z))))), (x, (((z) < (z)) or ((z) < (z))) or"

@@ -8,12 +8,9 @@ AD, torch.compile and every dtype in test_generated.py. Here: what those cannot 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import uuid
-
 import pytest
 import torch
+from test_fuzz import import_source
 from torch.func import jacrev, vmap
 
 import symgrad
@@ -118,16 +115,13 @@ def test_abs_keeps_an_integer_dtype():
     assert got == "r = torch.abs(x) / x"
 
 
-def _generate(text: str, name: str, in_place: bool, **options):
-    """The module as generated, or with reuse_buffers switched off (the out-of-place code)."""
-    if in_place:
-        return _load(symgrad.generate_source(text, name, **options))
-    original = symgrad.plan.reuse_buffers
-    symgrad.plan.reuse_buffers = lambda lines, returns, *rest: (lines, returns)
-    try:
-        return _load(symgrad.generate_source(text, name, **options))
-    finally:
-        symgrad.plan.reuse_buffers = original
+def _in_place_and_not(text: str, name: str, directory, monkeypatch, **options):
+    """The module as generated, and with reuse_buffers switched off (the out-of-place code)."""
+    new = import_source(symgrad.generate_source(text, name, **options), directory)
+    with monkeypatch.context() as patch:
+        patch.setattr(symgrad.plan, "reuse_buffers", lambda lines, returns, *rest: (lines, returns))
+        old = import_source(symgrad.generate_source(text, name, **options), directory)
+    return new, old
 
 
 # (expression, inputs): what a fresh-eyes review found, the forward run on odd dtypes
@@ -143,18 +137,18 @@ DTYPE_CASES = [
 
 
 @pytest.mark.parametrize("text, args", DTYPE_CASES, ids=[text for text, _ in DTYPE_CASES])
-def test_forward_matches_out_of_place_on_any_dtype(text, args):
+def test_forward_matches_out_of_place_on_any_dtype(text, args, tmp_path, monkeypatch):
     names = tuple(sorted({"x", "y"} & set(text)))
-    modules = [_generate(text, "Odd", in_place, inputs=names) for in_place in (True, False)]
+    modules = _in_place_and_not(text, "Odd", tmp_path, monkeypatch, inputs=names)
     new, old = (getattr(m, m.__symgrad__["alias"])(*args) for m in modules)
     assert new.dtype == old.dtype
     torch.testing.assert_close(new, old, rtol=0, atol=0)
 
 
-def test_backward_matches_out_of_place_with_an_integer_input():
+def test_backward_matches_out_of_place_with_an_integer_input(tmp_path, monkeypatch):
     """An integer label y and a float x: the gradient by x is exact (review find)."""
     text = "x**2*Piecewise((y, x > 0), (0, True)) + x"
-    modules = [_generate(text, "Label", in_place, inputs=("x", "y")) for in_place in (True, False)]
+    modules = _in_place_and_not(text, "Label", tmp_path, monkeypatch, inputs=("x", "y"))
     grads = []
     for module in modules:
         x = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, requires_grad=True)
@@ -165,27 +159,18 @@ def test_backward_matches_out_of_place_with_an_integer_input():
     torch.testing.assert_close(grads[0], torch.tensor([2.0, 1.0, 13.0], dtype=torch.float64))
 
 
-def _load(source: str):
-    name = f"inplace_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_loader(name, loader=None)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    exec(compile(source, name, "exec"), module.__dict__)
-    return module
-
-
-def test_integer_inputs_keep_working():
+def test_integer_inputs_keep_working(tmp_path):
     """An integer input is not written with floats: forward matches torch on int64."""
-    module = _load(symgrad.generate_source("x**3/(1 + x**2) + 2*x*x + sin(x)*x", "IntPoly"))
+    module = import_source(symgrad.generate_source("x**3/(1 + x**2) + 2*x*x + sin(x)*x", "IntPoly"), tmp_path)
     x = torch.arange(-3, 4)
     expected = x**3 / (1 + x**2) + 2 * x * x + torch.sin(x) * x
     torch.testing.assert_close(module.int_poly(x), expected)
 
 
-def test_mixed_dtypes_and_broadcasting_keep_working():
+def test_mixed_dtypes_and_broadcasting_keep_working(tmp_path):
     """float16 and float64 inputs of different shapes: the same values as out of place."""
     text = "exp(-x)*log(1 + y**2)*y + x*y/(1 + y**2)"
-    module = _load(symgrad.generate_source(text, "MixedInputs"))
+    module = import_source(symgrad.generate_source(text, "MixedInputs"), tmp_path)
     x = torch.linspace(-1, 1, 3, dtype=torch.float16).reshape(3, 1).requires_grad_()
     y = torch.linspace(-2, 2, 4, dtype=torch.float64).requires_grad_()
     out = module.mixed_inputs(x, y)
@@ -198,9 +183,10 @@ def test_mixed_dtypes_and_broadcasting_keep_working():
     torch.testing.assert_close(gy, ey)
 
 
-def test_batched_upstream_gradient_and_unbatched_inputs():
+def test_batched_upstream_gradient_and_unbatched_inputs(tmp_path):
     """jacrev batches only the upstream gradient; vmap over one input batches only that one."""
-    module = _load(symgrad.generate_source("(x*y + 1)*y*sin(x) + x/(1 + y**2)", "Batched", inputs=("x", "y")))
+    source = symgrad.generate_source("(x*y + 1)*y*sin(x) + x/(1 + y**2)", "Batched", inputs=("x", "y"))
+    module = import_source(source, tmp_path)
     x = torch.linspace(-1, 1, 5, dtype=torch.float64)
     y = torch.linspace(0.5, 2, 5, dtype=torch.float64)
 
