@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
+# bench.py sits next to this script: its allocator setting, inputs and timed step.
+from bench import ALLOCATOR_ENV, make_inputs, step
 
 
 def _load(path: Path, prefix: str):
@@ -29,25 +30,9 @@ def _load(path: Path, prefix: str):
     return module
 
 
-def _inputs(module, n: int):
-    import torch
-
-    meta = module.__symgrad__
-    inputs = []
-    for name in meta["inputs"]:
-        low, high = meta["domain"][name]
-        inputs.append((torch.rand(n) * (high - low) + low).requires_grad_())
-    params = [value for value in meta["params"].values()]
-    return inputs, params
-
-
-def _time(function, inputs, params, upstream) -> float:
+def _time(torch, function, inputs, upstream) -> float:
     start = time.perf_counter()
-    out = function(*inputs, *params)
-    out = out[0] if isinstance(out, tuple) else out
-    out.backward(upstream)
-    for tensor in inputs:
-        tensor.grad = None
+    step(torch, function, inputs, upstream)
     return time.perf_counter() - start
 
 
@@ -71,16 +56,22 @@ def main() -> int:
         if path.name == "__init__.py" or not other.exists():
             continue
         old, new = _load(path, "old"), _load(other, "new")
-        functions = {"old": getattr(old, old.__symgrad__["alias"]), "new": getattr(new, new.__symgrad__["alias"])}
-        inputs, params = _inputs(old, n)
-        out = functions["old"](*inputs, *params)
-        upstream = torch.rand_like(out[0] if isinstance(out, tuple) else out)
+        if old.__symgrad__["inplace"]:
+            print(f"{path.stem:16s} skipped: --inplace writes its input, which a leaf tensor refuses")
+            continue
+        params = list(old.__symgrad__["params"].values())
+        functions = {
+            label: (lambda *xs, f=getattr(m, m.__symgrad__["alias"]): f(*xs, *params))
+            for label, m in (("old", old), ("new", new))
+        }
+        inputs = make_inputs(torch, old, n)
+        upstream = torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5
         times: dict[str, list[float]] = {"old": [], "new": []}
         for label in ("old", "new", "old", "new"):  # warm-up
-            _time(functions[label], inputs, params, upstream)
+            _time(torch, functions[label], inputs, upstream)
         for round_ in range(args.rounds):
             for label in ("old", "new") if round_ % 2 else ("new", "old"):
-                times[label].append(_time(functions[label], inputs, params, upstream))
+                times[label].append(_time(torch, functions[label], inputs, upstream))
         old_ms, new_ms = (statistics.median(times[k]) * 1e3 for k in ("old", "new"))
         same = path.read_text().splitlines()[6:] == other.read_text().splitlines()[6:]
         print(f"{path.stem:16s} old {old_ms:9.2f} ms  new {new_ms:9.2f} ms  new/old {new_ms / old_ms:.3f}" + ("  (same code)" if same else ""))

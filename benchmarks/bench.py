@@ -221,7 +221,8 @@ def variants(torch, pair):
 
 def step(torch, fn, xs, upstream):
     out = fn(*xs)
-    outs = out if isinstance(out, tuple) else (out,)
+    # (An output marked non-differentiable has no gradient to take: benchmarks/ab.py meets them.)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
     grads = [upstream if o.dim() else None for o in outs]
     return torch.autograd.grad(outs, xs, grads)
 
