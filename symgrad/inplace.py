@@ -228,9 +228,14 @@ class _Rewriter:
     def call(self, node: ast.Call) -> tuple[_Value, ast.AST]:
         name = ast.unparse(node.func)
         if isinstance(node.func, ast.Attribute) and not name.startswith("torch."):
-            # A method: .expand() is a view of another shape, .sum() a reduction.
             value, node.func.value = self.visit(node.func.value)
             node.args = [self.visit(a)[1] for a in node.args]
+            if _is_number_tensor(node):
+                # t.new_full((), c), the printer's number as a 0-d tensor: it broadcasts and
+                # promotes like the number (a 0-d tensor never widens a dimensioned one of
+                # its kind), so it may be an operand; never a target, being 0-d.
+                return _Value(value.deps, tensor=True, floating=value.floating), node
+            # Other methods: .expand() is a view of another shape, .sum() a reduction.
             return _Value(value.deps, tensor=value.tensor, irregular=True), node
         values = []
         for index, arg in enumerate(node.args):
@@ -267,6 +272,17 @@ class _Rewriter:
             fresh=regular,
             irregular=not regular,
         )
+
+
+def _is_number_tensor(node: ast.Call) -> bool:
+    """Whether ``node`` is ``t.new_full((), number)`` (printer._number_tensor)."""
+    return (
+        node.func.attr == "new_full"
+        and len(node.args) == 2
+        and isinstance(node.args[0], ast.Tuple)
+        and not node.args[0].elts
+        and not node.keywords
+    )
 
 
 def _can_absorb(target: _Value, operand: _Value) -> bool:

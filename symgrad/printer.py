@@ -18,7 +18,7 @@ from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from .errors import SymgradError
-from .stable_functions import guard, hypot, logaddexp, ndtr, sigmoid, softplus, xlogy
+from .stable_functions import guard, hypot, hypot_excess, logaddexp, ndtr, sigmoid, softplus, xlogy
 
 Args = list[str]
 
@@ -40,6 +40,21 @@ def _polygamma(args: Args) -> str:
     if order == 0:
         return f"torch.special.digamma({args[1]})"
     return f"torch.special.polygamma({order}, {args[1]})"
+
+
+def _hypot_excess(a: str, b: str) -> str:
+    # hypot(a, b) - b as a*(a/(hypot(a, b) + b)): stable_functions.hypot_excess
+    in_hypot = [_number_tensor(other, text) if _is_number_text(text) else text for text, other in ((a, b), (b, a))]
+    a, b = _as_atom(a), _as_atom(b)
+    return f"{a} * ({a} / (torch.hypot({in_hypot[0]}, {in_hypot[1]}) + {b}))"
+
+
+def _is_number_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # SymPy function class -> how to print it from its printed arguments. The single table
@@ -83,6 +98,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {_as_atom(args[0])})",
     logaddexp: _call("torch.logaddexp"),
     hypot: _call("torch.hypot"),
+    hypot_excess: lambda args: _hypot_excess(*args),
     xlogy: _call("torch.xlogy"),
     # guard(x, cond, safe): the inner where of the "double where" (stable._guard_piecewise).
     guard: lambda args: f"torch.where({args[1]}, {args[0]}, {args[2]})",
@@ -180,11 +196,12 @@ class TorchPrinter(StrPrinter):
         args = [self._print(arg) for arg in expr.args]
         tensor_args = getattr(expr, "tensor_args", None) or _TENSOR_ARGS.get(type(expr), ())
         if tensor_args:
-            # torch.hypot/logaddexp take no Python numbers: a number argument becomes a
-            # tensor like another argument (same dtype and device).
+            # torch.hypot/logaddexp take no Python numbers: a number argument becomes a 0-d
+            # tensor of another argument's dtype and device, which broadcasts like the number
+            # (full_like allocated and filled a full-size tensor: one pass over memory more).
             anchor = next((args[i] for i, a in enumerate(expr.args) if not a.is_number), None)
             args = [
-                f"torch.full_like({anchor}, {text})" if i in tensor_args and a.is_number and anchor else text
+                _number_tensor(anchor, text) if i in tensor_args and a.is_number and anchor else text
                 for i, (a, text) in enumerate(zip(expr.args, args))
             ]
         torch_code = getattr(type(expr), "torch_code", None)
@@ -233,7 +250,7 @@ class TorchPrinter(StrPrinter):
                     value_text = f"torch.tensor({value_text}, dtype={ref}.dtype, device={ref}.device)"
                 else:
                     anchor = self._print(sorted(condition.free_symbols, key=str)[0])
-                    value_text = f"torch.full_like({anchor}, {value_text})"
+                    value_text = _number_tensor(anchor, value_text)
             text = f"torch.where({self._print(condition)}, {value_text}, {text})"
             inner_is_number = False
         return text
@@ -264,6 +281,11 @@ class TorchPrinter(StrPrinter):
 
     def _print_BooleanFalse(self, expr: sympy.Basic) -> str:
         return "False"
+
+
+def _number_tensor(anchor: str, number: str) -> str:
+    """A 0-d tensor holding ``number``, of the dtype and device of the tensor ``anchor``."""
+    return f"{_as_atom(anchor)}.new_full((), {number})"
 
 
 def _as_atom(text: str) -> str:

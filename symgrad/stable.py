@@ -33,7 +33,8 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
      ``exp(c - logsumexp(a_i))`` -> ``exp(-logsumexp(a_i - c))``, so the large parts
      cancel exactly; ``exp(-k*softplus(u))`` -> ``sigmoid(-u)**k``.
    - ``sqrt(a**2 + b**2)`` (any non-integer power of it, any number of squares, numbers
-     included: ``1/sqrt(x**2 + 1)``) -> ``hypot(a, b)``.
+     included: ``1/sqrt(x**2 + 1)``) -> ``hypot(a, b)``; then ``hypot(a, b) - b`` for a
+     positive ``b`` -> ``hypot_excess(a, b)``, ``a*(a/(hypot(a, b) + b))`` (pseudo-Huber).
    - ``x*log(y)`` -> ``xlogy(x, y)`` (finite at ``x = y = 0``).
    - ``atanh(tanh(u))`` and ``asinh(sinh(u))`` -> ``u`` (real ``u``): evaluated as written,
      tanh rounds to 1 and sinh overflows (atanh(tanh(-16.72)) is -16.7205 in float64).
@@ -57,6 +58,7 @@ from .stable_functions import (
     Removable,
     guard,
     hypot,
+    hypot_excess,
     logaddexp,
     ndtr,
     removable,
@@ -482,6 +484,32 @@ def _rule_hypot(node: sympy.Expr):
     return total**twice
 
 
+def _rule_hypot_excess(node: sympy.Expr):
+    """``k*hypot(a, b) - k*b`` -> ``k*hypot_excess(a, b)`` for a positive ``b`` (a number, or
+    an expression SymPy proves positive): the pseudo-Huber loss ``sqrt(1 + x**2) - 1``.
+
+    (For a ``b`` of either sign the stable form would need a branch on its sign: for b < 0
+    the difference does not cancel, and the quotient's denominator does.)
+    """
+    if not node.is_Add:
+        return None
+    terms = list(node.args)
+    for term in terms:
+        factors = sympy.Mul.make_args(term)
+        calls = [f for f in factors if isinstance(f, hypot)]
+        if len(calls) != 1:
+            continue
+        scale = sympy.Mul(*(f for f in factors if f is not calls[0]))
+        for a, b in (calls[0].args, calls[0].args[::-1]):
+            if b.is_positive is not True or not a.free_symbols:
+                continue
+            partner = -scale * b
+            if partner in terms:
+                rest = [t for t in terms if t is not term and t != partner]
+                return sympy.Add(*rest, scale * hypot_excess(a, b))
+    return None
+
+
 def _rule_xlogy(node: sympy.Expr):
     if not node.is_Mul:
         return None
@@ -524,6 +552,7 @@ _RULES = (
     _rule_merge_exp,
     _rule_exp_lse,
     _rule_hypot,
+    _rule_hypot_excess,
     _rule_xlogy,
 )
 

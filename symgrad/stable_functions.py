@@ -10,6 +10,7 @@ method the printer calls).
 - ``sigmoid(u) = 1 / (1 + exp(-u))``           -> ``torch.sigmoid``
 - ``logaddexp(a, b) = log(exp(a) + exp(b))``   -> ``torch.logaddexp``
 - ``hypot(a, b) = sqrt(a**2 + b**2)``          -> ``torch.hypot``
+- ``hypot_excess(a, b) = hypot(a, b) - b``      -> ``a*(a/(torch.hypot(a, b) + b))`` (b > 0)
 - ``xlogy(x, y) = x*log(y)`` (0 where x = 0)   -> ``torch.xlogy``
 - ``ndtr(u) = (1 + erf(u/sqrt(2)))/2``          -> ``0.5*torch.special.erfc(-u/sqrt(2))``
 - ``guard(x, cond, safe)``: ``x`` where ``cond`` holds, else ``safe``: the inner half of
@@ -41,7 +42,7 @@ def _mp(value):
 class StableFunction(sympy.Function):
     """Base: real for real arguments, numeric evaluation through ``_imp_``."""
 
-    #: positions of arguments that must be tensors in torch (numbers get ``full_like``)
+    #: positions of arguments that must be tensors in torch (a number becomes a 0-d tensor)
     tensor_args: tuple[int, ...] = ()
 
     def _eval_is_extended_real(self):
@@ -206,6 +207,44 @@ class hypot(StableFunction):  # noqa: N801
     def elementary(self):
         a, b = self.args
         return sympy.sqrt(a**2 + b**2)
+
+
+class hypot_excess(StableFunction):  # noqa: N801
+    """``hypot(a, b) - b`` for ``b > 0``, computed as ``a*(a/(hypot(a, b) + b))``.
+
+    As written it cancels where ``|a|`` is small next to ``b``: the pseudo-Huber loss
+    ``sqrt(1 + x**2) - 1`` is 0 in float32 below ``|x|`` = 2.4e-4, where it is ``x**2/2``.
+    The quotient ``a/(hypot(a, b) + b)`` lies in (-1, 1), so unlike ``a**2/(hypot(a, b) + b)``
+    it does not overflow (``a**2`` does in float16 from ``|a|`` = 256).
+    """
+
+    nargs = 2
+
+    @staticmethod
+    def _imp_(a, b):
+        a, b = mpmath.mpmathify(a), mpmath.mpmathify(b)
+        if isinstance(a, mpmath.mpf) and isinstance(b, mpmath.mpf):
+            total = mpmath.hypot(a, b) + b
+            # (the quotient form, so that a probe at float32 precision sees the printed
+            # arithmetic and not a cancellation the generated code does not make)
+            return a * (a / total) if total else mpmath.hypot(a, b) - b
+        return mpmath.sqrt(a**2 + b**2) - b
+
+    def fdiff(self, argindex=1):
+        a, b = self.args
+        if argindex == 1:
+            return a / hypot(a, b)
+        if argindex == 2:
+            return -self / hypot(a, b)  # b/hypot(a, b) - 1, without its cancellation
+        raise ArgumentIndexError(self, argindex)
+
+    def _eval_is_nonnegative(self):
+        a, b = self.args
+        return True if a.is_extended_real and b.is_nonnegative else None
+
+    def elementary(self):
+        a, b = self.args
+        return sympy.sqrt(a**2 + b**2) - b
 
 
 class xlogy(StableFunction):  # noqa: N801
@@ -571,4 +610,4 @@ def _float32_error(f, eps: float) -> float:
     return worst
 
 
-STABLE_FUNCTIONS = (softplus, sigmoid, ndtr, logaddexp, hypot, xlogy, guard)
+STABLE_FUNCTIONS = (softplus, sigmoid, ndtr, logaddexp, hypot, hypot_excess, xlogy, guard)

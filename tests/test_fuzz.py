@@ -609,6 +609,10 @@ CAMPAIGN_FINDS = [
     # simplify's logcombine raised KeyError (a SymPy bug) on a log of zoo/x**2: simplify
     # is optional, so the unsimplified form is kept (campaign 27).
     ("sum((log(abs(Max(x, x, 2.5)), 1/2)) / ((x) * (atan(((2.5) < (x))))))", 181921, "could not find an interval"),
+    # (x + pi*x)/x is constant but for its removable singularity at 0; printed with float
+    # constants both sides of the where were one number, so forward returned the default
+    # dtype for float64 inputs. Now refused as constant, as x, 1 + pi is (campaign 31).
+    ("x, ((x) - (-((pi) * (x)))) / (x)", 185, "is constant"),
 ]
 
 # Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).

@@ -72,6 +72,12 @@ REWRITES = [
     # ... nor operands: .expand() may make a value larger than its tensors together
     ("r = (grad_output * 2.0) * (grad_output * x).expand(ctx.s)", "r = (grad_output * 2.0) * (grad_output * x).expand(ctx.s)"),
     ("r = torch.sum(x * 2.0) * x", "r = torch.sum(x * 2.0) * x"),
+    # the printer's number as a 0-d tensor (t.new_full((), c)) is an operand, never a target
+    ("r = torch.hypot(x * 2.0, x.new_full((), 1)) - 1", "r = torch.hypot(x * 2.0, x.new_full((), 1)) - 1"),  # (saves output)
+    ("r = (x * 2.0) / torch.hypot(x, x.new_full((), 1))", "r = (x * 2.0).div_(torch.hypot(x, x.new_full((), 1)))"),
+    ("r = torch.sin(x * 2.0) * x.new_full((), 1.5)", "r = (x * 2.0).sin_().mul_(x.new_full((), 1.5))"),
+    ("r = x.new_full((), 1.5) + torch.sin(x * 2.0)", "r = (x * 2.0).sin_().add_(x.new_full((), 1.5))"),
+    ("r = y.new_full((), 1.5) * torch.sin(x * 2.0)", "r = y.new_full((), 1.5) * ((x * 2.0).sin_())"),
     # untouched lines keep the printer's spelling
     ("r = (x).sum()", "r = (x).sum()"),
     ("if ctx.needs_input_grad[0]:", "if ctx.needs_input_grad[0]:"),

@@ -84,6 +84,7 @@ EXTRA = {
     sympy.polygamma: (sympy.polygamma(2, X), POSITIVE),
     sf.ndtr: (sf.ndtr(X), ALL_REALS + [-12.0, 12.0]),
     sf.guard: (sf.guard(X, X > 0, 1), ALL_REALS),
+    sf.hypot_excess: (sf.hypot_excess(X, Y), POSITIVE_PAIRS + [(1e-9, 2.0), (-1e200, 1e200)]),
 }
 
 
@@ -218,9 +219,11 @@ def test_removable_prints_a_guarded_series_and_closed_form():
 
 def test_number_arguments_become_tensors_where_torch_needs_them():
     code = print_torch(sf.hypot(X, 1), NAMES)
-    assert code == "torch.hypot(x, torch.full_like(x, 1))"
+    assert code == "torch.hypot(x, x.new_full((), 1))"
     code = print_torch(sf.logaddexp(sympy.Float(0.5), X), NAMES)  # not 0: that is softplus
-    assert code == "torch.logaddexp(torch.full_like(x, 0.5), x)"
+    assert code == "torch.logaddexp(x.new_full((), 0.5), x)"
+    code = print_torch(sf.hypot(X / Y, 2), NAMES)  # an expression as the anchor
+    assert code == "torch.hypot(x/y, (x/y).new_full((), 2))"
 
 
 POWERS = [

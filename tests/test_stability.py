@@ -148,6 +148,11 @@ CASES = [
         "(1-cos(x))/x**2",
         lambda x: mpmath.mpf(1) / 2 if x == 0 else (1 - mpmath.cos(x)) / x**2,
     ),
+    # sqrt(1 + x**2) - 1 is 0 in float32 below |x| = 2.4e-4 as written (stable.hypot_excess)
+    Case("pseudo_huber", "sqrt(1+x**2)-1", lambda x: mpmath.sqrt(1 + x**2) - 1),
+    # with delta = 2. (The gradient by delta itself, were it an input, cancels near x = 0:
+    # 2*d*(hypot(x/d, 1) - 1) - x**2/(d*hypot(x/d, 1)) is d*(hypot(x/d, 1) - 1)**2/hypot(x/d, 1).)
+    Case("pseudo_huber_scaled", "4*(sqrt(1+(x/2)**2)-1)", lambda x: 4 * (mpmath.sqrt(1 + (x / 2) ** 2) - 1)),
     Case(
         "piecewise_sqrt",
         "Piecewise((sqrt(x), x>0), (0, True))",
@@ -624,6 +629,7 @@ FUNCTION_CASES = [
     (sf.ndtr(X), [X]),
     (sf.logaddexp(X, Y), [X, Y]),
     (sf.hypot(X, Y), [X, Y]),
+    (sf.hypot_excess(X, Y), [X, Y]),
     (sf.xlogy(X, Y), [X, Y]),
     (stabilize(sympy.sin(X) / X), [X]),
     (stabilize(sympy.expm1(X) / X) if hasattr(sympy, "expm1") else stabilize((sympy.exp(X) - 1) / X), [X]),
@@ -800,3 +806,65 @@ def test_fused_forms_stay_accurate_for_scaled_arguments(name, expr, exact, gen_d
         _, (got,) = evaluate(lambda t: apply(module, t), (point,), torch.float32)
         assert rel_error(got, want, torch.float32) <= RTOL[torch.float32], (name, point, got, float(want))
     assert module._COMPILED
+
+
+def test_cheaper_eager_form_writes_the_sigmoid_derivative_as_two_sigmoids():
+    """derive.cheaper_eager_form: 1/(4*cosh(x/2)**2), the simplified derivative of sigmoid,
+    becomes sigmoid(x)*sigmoid(-x) (two cheap kernels instead of a slow cosh); tanh's
+    1/cosh(x)**2 keeps its form, whose eager kernels cost less than 4*sigmoid(2x)*sigmoid(-2x).
+    Either way the value is the same function, checked at 40 digits."""
+    from symgrad.derive import cheaper_eager_form, eager_cost
+    from symgrad.stable_functions import sigmoid
+
+    x = sympy.Symbol("x", real=True)
+    sigmoid_gradient = 1 / (4 * sympy.cosh(x / 2) ** 2)
+    paired = cheaper_eager_form(sigmoid_gradient)
+    assert paired == sigmoid(x) * sigmoid(-x)
+    assert eager_cost(paired) < eager_cost(sigmoid_gradient)
+    tanh_gradient = sympy.cosh(x) ** -2
+    assert cheaper_eager_form(tanh_gradient) == tanh_gradient
+    assert cheaper_eager_form(sympy.cosh(3 * x + 1) ** -2) == sympy.cosh(3 * x + 1) ** -2
+    # A fourth power of the sigmoid's sech pairs too: (sigmoid(x)*sigmoid(-x))**2.
+    assert cheaper_eager_form(sympy.cosh(x / 2) ** -4 / 16) == (sigmoid(x) * sigmoid(-x)) ** 2
+    for point in ("-31", "-2.5", "0", "0.75", "12"):
+        at = {x: sympy.Rational(point)}
+        want = sigmoid_gradient.evalf(40, subs=at)
+        assert abs(sf.to_elementary(paired).evalf(40, subs=at) - want) <= 1e-35 * want
+
+
+def test_sigmoid_backward_is_accurate_in_float32_from_two_sigmoids(gen_dir):
+    """The default module's sigmoid gradient (now sigmoid(x)*sigmoid(-x)) against mpmath in
+    float32 far in both tails, where torch's y*(1 - y) is 0."""
+    module = load(next(c for c in CASES if c.name == "sigmoid"), gen_dir)
+    assert "torch.cosh" not in Path(module.__file__).read_text()
+    points = [-80.0, -40.0, -20.0, -1e-3, 0.0, 1e-3, 3.0, 20.0, 40.0, 80.0]
+    x = torch.tensor(points, requires_grad=True)
+    (grad,) = torch.autograd.grad(module.__dict__[module.__symgrad__["alias"]](x).sum(), x)
+    for p, value in zip(points, grad.tolist()):
+        with mpmath.workdps(50):
+            want = mpmath.exp(-abs(mpmath.mpf(p))) / (1 + mpmath.exp(-abs(mpmath.mpf(p)))) ** 2
+        if want < torch.finfo(torch.float32).tiny:
+            assert value == 0 or abs(value - want) <= 2.0**-149
+            continue
+        assert abs(value - want) <= 4 * 2.0**-24 * want, (p, value, float(want))
+
+
+def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir):
+    """stable._rule_hypot_excess: k*hypot(a, b) - k*b -> k*hypot_excess(a, b) only for a
+    positive b (for b < 0 the quotient's denominator would cancel instead), and the printed
+    quotient a*(a/(hypot(a, b) + b)) does not overflow where a**2 would: float16 at 300."""
+    x, z = sympy.Symbol("x", real=True), sympy.Symbol("z", real=True)
+    root = sympy.sqrt(1 + x**2)
+    assert stabilize(root - 1) == sf.hypot_excess(x, 1)
+    assert stabilize(1 - root) == -sf.hypot_excess(x, 1)
+    assert stabilize(3 * sympy.sqrt(x**2 + 4) - 6 + x) == x + 3 * sf.hypot_excess(x, 2)
+    assert stabilize(z**2 * (sympy.sqrt(x**2 / z**2 + 1) - 1)) == z**2 * sf.hypot_excess(x / z, 1)
+    assert stabilize(sympy.sqrt(x**2 + z**2) - z) == sf.hypot(x, z) - z  # z's sign is unknown
+    assert stabilize(root - 2) == sf.hypot(x, 1) - 2  # no cancellation at 0 to remove
+    module = load(next(c for c in CASES if c.name == "pseudo_huber"), gen_dir)
+    points = [1e-4, -0.01, 0.5, 300.0, -3e4]
+    for dtype in (torch.float16, torch.bfloat16):
+        values = apply(module, torch.tensor(points, dtype=dtype)).tolist()
+        for p, got in zip(torch.tensor(points, dtype=dtype).tolist(), values):
+            want = mpmath.sqrt(1 + mpmath.mpf(p) ** 2) - 1
+            assert abs(got - want) <= 2 * torch.finfo(dtype).eps * want + torch.finfo(dtype).tiny, (dtype, p, got)
