@@ -74,12 +74,12 @@ class Derivation:
     derivatives: tuple[tuple[tuple[int, int], ...], ...] = ()
     # Each derivative's unstabilised form, for differentiating it again.
     raw_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
-    # The user's outputs' gradients as the docstring states them: in a fused module, the
-    # stable forms that cheaper_fused_form rewrites (tanh(softplus(x)), not its quotient).
+    # The user's outputs' gradients as the docstring states them: the stable forms that
+    # cheaper_fused_form and cheaper_eager_form rewrite (tanh(softplus(x)), not its quotient).
     documented_gradients: tuple[tuple[sympy.Expr, ...], ...] = ()
-    # The FUSED_IDENTITIES the fused bodies use, for the docstring (a reader of the code
-    # meets sigmoid quotients where the math has tanh).
-    fused_identities: tuple[str, ...] = ()
+    # The IDENTITIES the bodies use, for the docstring (a reader of the code meets sigmoid
+    # quotients where the math has tanh).
+    identities: tuple[str, ...] = ()
 
 
 def derive(parsed: Parsed) -> Derivation:
@@ -87,8 +87,8 @@ def derive(parsed: Parsed) -> Derivation:
     surrogates = dict(parsed.surrogates)
     forward = tuple(stabilize(out.expr) for out in parsed.outputs)
     identities: set[str] = set()
-    if parsed.spec.fuse:
-        forward = _cheaper_fused_forms(forward, identities)
+    cheaper_forms = _cheaper_fused_forms if parsed.spec.fuse else _cheaper_eager_forms
+    forward = cheaper_forms(forward, identities)
     for index, expr in enumerate(forward):
         folded = numbers_to_floats(to_elementary(expr))
         if not folded.free_symbols & set(parsed.inputs):
@@ -107,12 +107,9 @@ def derive(parsed: Parsed) -> Derivation:
     )
     stable = [tuple(stabilize(g) for g in row) for row in raw]
     _refuse_interval_values(parsed, stable)
-    if parsed.spec.fuse:
-        # The docstring shows the stable forms the fused identities apply to.
-        documented = stable
-        gradients = _reusing_shared_work([_cheaper_fused_forms(row, identities) for row in stable])
-    else:
-        documented = gradients = _reusing_shared_work([tuple(cheaper_eager_form(g) for g in row) for row in stable])
+    # The docstring shows the stable forms the identities apply to.
+    documented = stable
+    gradients = _reusing_shared_work([cheaper_forms(row, identities) for row in stable])
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -130,7 +127,7 @@ def derive(parsed: Parsed) -> Derivation:
         domain=(),
         raw_gradients=raw,
         documented_gradients=tuple(documented),
-        fused_identities=tuple(sorted(identities)),
+        identities=tuple(sorted(identities)),
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
 
@@ -192,9 +189,10 @@ def reuse_shared_work(expr: sympy.Expr, context: list[sympy.Expr]) -> sympy.Expr
     return candidate if _as_accurate(candidate, expr) else expr
 
 
-# What cheaper_fused_form rewrites, as a fused module's docstring states it.
-FUSED_IDENTITIES = {
+# What cheaper_fused_form and cheaper_eager_form rewrite, as a module's docstring states it.
+IDENTITIES = {
     "sech": "1/cosh(u)**2 = 4*s*(1 - s), with s = sigmoid(-2*|u|)",
+    "sech_sigmoids": "1/cosh(u)**2 = 4*sigmoid(2*u)*sigmoid(-2*u)",
     "sigmoid_pair": "sigmoid(u)*sigmoid(-u) = s*(1 - s), with s = sigmoid(-|u|)",
     "tanh_softplus": "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)",
     "cosh_softplus": "cosh(softplus(u)) = (1 + (1 - s)**2)/(2*(1 - s)), with s = sigmoid(u)",
@@ -241,7 +239,7 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
 
 
 def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
-    """cheaper_fused_form(expr), and the names (FUSED_IDENTITIES) of the identities it used.
+    """cheaper_fused_form(expr), and the names (IDENTITIES) of the identities it used.
 
     The sech and sigmoid forms repeat their argument (in the where's condition and both
     branches), so each rewrites only calls whose argument holds no call it rewrites itself:
@@ -263,7 +261,16 @@ def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
     if sech != expr:
         expr = sech
         used.add("sech")
-    candidate, softplus_rules = expr, set()
+    candidate, softplus_rules = _softplus_identities(expr)
+    if softplus_rules and _as_accurate(candidate, expr):
+        expr, used = candidate, used | softplus_rules
+    return expr, frozenset(used)
+
+
+def _softplus_identities(expr: sympy.Expr) -> tuple[sympy.Expr, set[str]]:
+    """``expr`` with tanh(softplus(u)) and cosh(softplus(u)) rational in s = sigmoid(u), and
+    the names of the identities used (not checked for accuracy: see _as_accurate)."""
+    candidate, used = expr, set()
     for _ in range(4):  # nested: x*tanh(softplus(x*tanh(softplus(x)))) needs two rounds
         rules = {}
         for node in sympy.preorder_traversal(candidate):
@@ -273,20 +280,18 @@ def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
                     rules[node] = s * (2 - s) / (1 + (1 - s) ** 2)
                 else:  # its derivative's 1/cosh(softplus(u))**2: cosh(log(w)) = (w + 1/w)/2
                     rules[node] = (1 + (1 - s) ** 2) / (2 * (1 - s))
-                softplus_rules.add(f"{type(node).__name__}_softplus")
+                used.add(f"{type(node).__name__}_softplus")
         if not rules:
             break
         candidate = candidate.xreplace(rules)
-    if softplus_rules and _as_accurate(candidate, expr):
-        expr, used = candidate, used | softplus_rules
-    return expr, frozenset(used)
+    return candidate, used
 
 
 # What one eager kernel costs, relative to an arithmetic operation (x*0.5, -x, x**2), for
 # the calls whose cost sets a choice of form below. Measured with ATen on this CPU, 1 thread,
-# 1e7 float32 values: -x 2.5 ms, sigmoid 4.2, exp 8.4, cosh 13.3, tanh 25.5. (SymPy's
+# 1e7 float32 values: -x 2.5 ms, sigmoid 4.2, exp 8.4, cosh 13.3, softplus 16.0, tanh 25.5. (SymPy's
 # count_ops, op_count, counts every call as one.)
-EAGER_CALL_COST = {"SIGMOID": 1.5, "EXP": 3.0, "COSH": 5.0, "TANH": 9.0}
+EAGER_CALL_COST = {"SIGMOID": 1.5, "EXP": 3.0, "COSH": 5.0, "SOFTPLUS": 6.5, "TANH": 9.0}
 
 
 def eager_cost(expr: sympy.Expr) -> float:
@@ -295,26 +300,54 @@ def eager_cost(expr: sympy.Expr) -> float:
     return float(visual.xreplace({s: sympy.Float(EAGER_CALL_COST.get(s.name, 1.0)) for s in visual.free_symbols}))
 
 
-def cheaper_eager_form(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` with 1/cosh(u)**(2k) as (4*sigmoid(2u)*sigmoid(-2u))**k where that costs
-    fewer eager kernels (:func:`eager_cost`).
+def _cheaper_eager_forms(exprs: tuple[sympy.Expr, ...], identities: set[str]) -> tuple[sympy.Expr, ...]:
+    """cheaper_eager_form of each, adding the names of the identities used to ``identities``."""
+    results = []
+    for expr in exprs:
+        cheaper, used = _cheaper_eager_form(expr)
+        identities |= used
+        results.append(cheaper)
+    return tuple(results)
 
-    The sigmoid's derivative is 1/(4*cosh(x/2)**2) after simplification: as
-    sigmoid(x)*sigmoid(-x) it runs two cheap sigmoid kernels instead of the scaling, a
-    slow cosh, a square and a divide (20.1 ms against 26.9 ms for the backward at 1e7 on
-    this CPU, grad_output included). Both factors are accurate, so the product is, at every
-    x. tanh's 1/cosh(x)**2 keeps its form: the sigmoids' arguments 2x and -2x and the
-    factor 4 cost more than the cosh saves (26.5 ms against 20.9).
+
+def cheaper_eager_form(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with calls that eager kernels compute more cheaply another way, if accurate.
+
+    Each candidate is kept only if it costs less by :func:`eager_cost`, which weighs the
+    slow kernels (cosh, tanh, softplus) by their measured time.
+
+    - 1/cosh(u)**(2k) becomes (4*sigmoid(2u)*sigmoid(-2u))**k. The sigmoid's derivative is
+      1/(4*cosh(x/2)**2) after simplification; as sigmoid(x)*sigmoid(-x) it runs two cheap
+      sigmoid kernels instead of the scaling, a slow cosh, a square and a divide (20.1 ms
+      against 26.9 ms for the backward at 1e7 on this CPU, grad_output included). Both
+      factors are accurate, so the product is, at every x. tanh's 1/cosh(x)**2 keeps its
+      form: the arguments 2x and -2x and the factor 4 cost more than the cosh saves (26.5
+      ms against 20.9).
+    - tanh(softplus(u)) and cosh(softplus(u)) (Mish and its derivative) become rational in
+      s = sigmoid(u), as in cheaper_fused_form: a sigmoid and a few arithmetic kernels
+      instead of softplus and tanh, the two slowest, and the derivative's own sigmoid(u) is
+      the same s. Kept only where float32 rounding shows it accurate (_as_accurate).
     """
+    return _cheaper_eager_form(expr)[0]
+
+
+def _cheaper_eager_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
+    """cheaper_eager_form(expr), and the names (IDENTITIES) of the identities it used."""
+    used = set()
     rules = {
         node: (4 * sigmoid(2 * node.base.args[0]) * sigmoid(-2 * node.base.args[0])) ** (-node.exp // 2)
         for node in sympy.preorder_traversal(expr)
         if _is_sech_power(node)
     }
-    if not rules:
-        return expr
-    candidate = expr.xreplace(rules)
-    return candidate if eager_cost(candidate) < eager_cost(expr) else expr
+    if rules:
+        candidate = expr.xreplace(rules)
+        if eager_cost(candidate) < eager_cost(expr):
+            expr = candidate
+            used.add("sech_sigmoids")
+    candidate, softplus_rules = _softplus_identities(expr)
+    if softplus_rules and eager_cost(candidate) < eager_cost(expr) and _as_accurate(candidate, expr):
+        expr, used = candidate, used | softplus_rules
+    return expr, frozenset(used)
 
 
 def _is_sech_power(node: sympy.Basic) -> bool:
@@ -494,7 +527,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     """
     parsed = derivation.parsed
     derivatives: list[list[tuple[int, int]]] = []
-    identities = set(derivation.fused_identities)
+    identities = set(derivation.identities)
     second, returned = [], []
     for i, row in enumerate(derivation.gradients):
         for j, gradient in enumerate(row):
@@ -517,10 +550,8 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
             row_identities: set[str] = set()
             try:
                 row = tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs)
-                if parsed.spec.fuse:
-                    row = _cheaper_fused_forms(row, row_identities)
-                else:
-                    row = tuple(cheaper_eager_form(g) for g in row)
+                cheaper_forms = _cheaper_fused_forms if parsed.spec.fuse else _cheaper_eager_forms
+                row = cheaper_forms(row, row_identities)
             except SymgradError:
                 continue  # SymPy cannot differentiate it again: backward recomputes this one
             if any(g.has(sympy.AccumBounds) for g in row):
@@ -549,7 +580,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         derivatives=tuple(tuple(entries) for entries in derivatives),
         raw_gradients=derivation.raw_gradients,
         documented_gradients=derivation.documented_gradients,
-        fused_identities=tuple(sorted(identities)),
+        identities=tuple(sorted(identities)),
     )
 
 

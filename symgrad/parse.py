@@ -368,12 +368,24 @@ class _Builder:
             # a pole that SymPy does not fold to zoo: digamma(-2) evaluates to nan (found by
             # the fuzz campaign)
             raise self.fail(node, f"the constant {self.source(node)} is infinite or undefined (like 1/0 or log(0))")
-        if imag != 0 and abs(imag) > 1e-12 * max(abs(real), 1):
+        # (abs: a Float 0.0 is != 0 in SymPy 1.14)
+        if abs(imag) > 0 and (abs(imag) > 1e-12 * max(abs(real), 1) or self._complex_at_higher_precision(value, imag)):
             raise self.fail(
                 node, f"the constant {self.source(node)} is complex; symgrad works over the real numbers"
             )
         if not real.is_finite or abs(real) > MAX_CONSTANT or (real != 0 and abs(real) < MIN_CONSTANT):
             raise self._range_error(node, real)
+
+    @staticmethod
+    def _complex_at_higher_precision(value: sympy.Expr, imag: sympy.Float) -> bool:
+        """Whether a tiny imaginary part is the value's own, not rounding noise: noise shrinks
+        as the precision grows, a true one stays. (-1e-3)**(pi + 2.5) is 5e-18 - 1.1e-17*I,
+        which passed as real and then failed to convert (found by the fuzz campaign)."""
+        try:
+            precise = sympy.Float(sympy.im(value.evalf(40, maxn=400)), 40)
+        except (TypeError, ValueError, ArithmeticError, RecursionError, AttributeError):
+            return False
+        return abs(precise - imag) <= 1e-6 * abs(imag)
 
     def _range_error(self, node: ast.AST, value: sympy.Expr) -> SymgradError:
         size = "too large" if abs(value) > 1 else "too small (it would round to 0 in float64)"

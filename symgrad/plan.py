@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .derive import FUSED_IDENTITIES, Derivation, op_count, with_derivatives_as_outputs
+from .derive import IDENTITIES, Derivation, op_count, with_derivatives_as_outputs
 from .errors import SymgradError
 from .inplace import reuse_buffers
 from .naming import RESERVED, Namer, check_class_name
@@ -731,12 +731,17 @@ class _Builder:
                 marker = "  (surrogate: not the true derivative)" if self.d.surrogate[j] else ""
                 inner = "the elementwise part of " if self.outputs[i].reduction else ""
                 lines.append(f"d{name}/d{symbol.name} = {gradient}{marker}" if not inner else f"d({inner}{name})/d{symbol.name} = {gradient}")
-        if self.d.fused_identities:
+        if self.d.identities:
             lines.append("")
-            uses_abs = {"sech", "sigmoid_pair"} & set(self.d.fused_identities)
+            uses_abs = {"sech", "sigmoid_pair"} & set(self.d.identities)
             lines += textwrap.wrap(
-                "The fused bodies use these identities, which need fewer or cheaper calls in"
-                " one compiled kernel. Each is accurate in float32 (the softplus ones are kept"
+                (
+                    "The fused bodies use these identities, which need fewer or cheaper calls in"
+                    " one compiled kernel."
+                    if self.d.parsed.spec.fuse
+                    else "The bodies use these identities, which run fewer or cheaper kernels."
+                )
+                + " Each is accurate in float32 (the softplus ones are kept"
                 " only where rounding shows it)"
                 + (
                     ", and -|u| is written as torch.where(u > 0, -u, u), which autograd"
@@ -746,7 +751,7 @@ class _Builder:
                 ),
                 width=88,
             )
-            lines += [f"    {FUSED_IDENTITIES[name]}" for name in self.d.fused_identities]
+            lines += [f"    {IDENTITIES[name]}" for name in self.d.identities]
         if self.reused:
             lines.append("")
             lines += textwrap.wrap(

@@ -613,6 +613,9 @@ CAMPAIGN_FINDS = [
     # constants both sides of the where were one number, so forward returned the default
     # dtype for float64 inputs. Now refused as constant, as x, 1 + pi is (campaign 31).
     ("x, ((x) - (-((pi) * (x)))) / (x)", 185, "is constant"),
+    # (-1e-3)**(pi + 2.5) is 5e-18 - 1.1e-17*I: its imaginary part passed as rounding noise
+    # and converting it to a float crashed (campaign 31). Now refused as complex.
+    ("-((-(-(y))) + ((-(1e-3))**((pi) + (2.5)))), log(sinh(erfc(sinh(E))), 1/2)", 21519, "is complex"),
 ]
 
 # Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).

@@ -678,8 +678,8 @@ def test_reuse_of_shared_work_is_kept_only_where_accurate():
 
 def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
     """derive.cheaper_fused_form: tanh(softplus(x)) and cosh(softplus(x)) become rational in
-    sigmoid(x) (equal to them exactly) where that is accurate; eager modules keep the
-    torch kernels."""
+    sigmoid(x) (equal to them exactly) where that is accurate; so do eager modules
+    (derive.cheaper_eager_form: softplus and tanh are the slowest eager kernels)."""
     from symgrad.derive import cheaper_fused_form
     from symgrad.stable_functions import sigmoid, softplus
 
@@ -709,12 +709,16 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
     assert cheaper_fused_form(alone) == alone
     eager = generate_source("x*tanh(log(1+exp(x)))", "MishEager")
     fused = generate_source("x*tanh(log(1+exp(x)))", "MishFusedForm", fuse=True)
-    assert "torch.tanh" in eager and "torch.tanh" not in fused.split("class ")[0]
+    for module in (eager, fused):
+        assert "torch.tanh" not in module.split("class ")[0] and "softplus(" not in module.split("import torch")[1]
     # The docstring states the stable math (as the default module does) and names the identity
     # the code uses.
     assert "df/dx = x*sigmoid(x)/cosh(softplus(x))**2 + tanh(softplus(x))" in fused
     assert "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)" in fused
-    assert "identities" not in eager
+    assert "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)" in eager
+    assert "The bodies use these identities, which run fewer or cheaper kernels." in eager
+    # Where the softplus is not next to tanh, eager modules keep the torch kernel.
+    assert "torch.nn.functional.softplus" in generate_source("log(1+exp(x))", "SoftplusEager")
     # Nested, the identity is used twice over and named (it was missed: found in review).
     nested = generate_source("x*tanh(log(1+exp(x*tanh(log(1+exp(x))))))", "MishNested", fuse=True)
     assert "torch.tanh" not in nested.split("class ")[0]
