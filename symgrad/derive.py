@@ -107,8 +107,10 @@ def derive(parsed: Parsed) -> Derivation:
     )
     stable = [tuple(stabilize(g) for g in row) for row in raw]
     _refuse_interval_values(parsed, stable)
-    # The docstring shows the stable forms the identities apply to.
-    documented = stable
+    # The docstring shows the stable forms the identities apply to (eager ones with the work
+    # they reuse, 1 - sigmoid(x) for sigmoid(-x), as the code has it: that is no identity the
+    # docstring lists; the fused forms' reuse happens after their identities).
+    documented = stable if parsed.spec.fuse else _reusing_shared_work(stable)
     gradients = _reusing_shared_work([cheaper_forms(row, identities) for row in stable])
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
@@ -212,10 +214,11 @@ def _cheaper_fused_forms(exprs: tuple[sympy.Expr, ...], identities: set[str]) ->
 def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
     """``expr`` with calls a fused kernel computes more cheaply another way, if accurate.
 
-    Only in fused modules, whose bodies run as one compiled kernel: there an exp is cheap and
+    For fused modules, whose bodies run as one compiled kernel: there an exp is cheap and
     tanh, cosh and log1p are not (inductor on a CPU, per 1e7 float32 values: exp 3.4 ms,
-    sigmoid 4.5, log1p 8.5, cosh 13.4, tanh 15.3). In eager mode each operation of the new
-    form would be a kernel of its own with a pass over memory, costing what it saves.
+    sigmoid 4.5, log1p 8.5, cosh 13.4, tanh 15.3), so these forms are always cheaper. Eager
+    bodies, where each operation is a kernel of its own with a pass over memory, use the
+    ones that cost less there (cheaper_eager_form).
 
     - sigmoid(u)*sigmoid(-u) (the derivative of sigmoid) becomes s*(1 - s) with
       s = sigmoid(-|u|): one sigmoid for two, accurate since s <= 1/2. 1/cosh(u)**2 (the
@@ -375,7 +378,11 @@ def _positive(u: sympy.Expr) -> sympy.Basic | None:
     one, found by the fuzz campaign.)
     """
     try:
-        return u > 0
+        condition = u > 0
+        # Building the Piecewise of _minus_abs folds a Piecewise inside u into the condition,
+        # and SymPy may refuse that comparison only then (found by the fuzz campaign).
+        sympy.Piecewise((-u, condition), (u, True))
+        return condition
     except TypeError:
         return None
 

@@ -742,7 +742,13 @@ class _Builder:
                     else "The bodies use these identities, which run fewer or cheaper kernels."
                 )
                 + " Each is accurate in float32 (the softplus ones are kept"
-                " only where rounding shows it)"
+                " only where rounding shows it"
+                + (
+                    "; they give 0 where sigmoid(u) underflows, u < -88.7 in float32, where"
+                    " tanh(softplus(u)) is below the smallest normal float32)"
+                    if {"tanh_softplus", "cosh_softplus"} & set(self.d.identities)
+                    else ")"
+                )
                 + (
                     ", and -|u| is written as torch.where(u > 0, -u, u), which autograd"
                     " differentiates exactly on each side:"

@@ -43,10 +43,11 @@ def _polygamma(args: Args) -> str:
 
 
 def _hypot_excess(a: str, b: str) -> str:
-    # hypot(a, b) - b as a*(a/(hypot(a, b) + b)): stable_functions.hypot_excess
+    # hypot(a, b) - b as a*((a/2)/(hypot(a, b)/2 + b/2)): stable_functions.hypot_excess
     in_hypot = [_number_tensor(other, text) if _is_number_text(text) else text for text, other in ((a, b), (b, a))]
-    a, b = _as_atom(a), _as_atom(b)
-    return f"{a} * ({a} / (torch.hypot({in_hypot[0]}, {in_hypot[1]}) + {b}))"
+    half_b = repr(float(b) / 2) if _is_number_text(b) else f"0.5 * {_as_atom(b)}"
+    a = _as_atom(a)
+    return f"{a} * (0.5 * {a} / (0.5 * torch.hypot({in_hypot[0]}, {in_hypot[1]}) + {half_b}))"
 
 
 def _is_number_text(text: str) -> bool:

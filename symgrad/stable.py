@@ -34,7 +34,8 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
      cancel exactly; ``exp(-k*softplus(u))`` -> ``sigmoid(-u)**k``.
    - ``sqrt(a**2 + b**2)`` (any non-integer power of it, any number of squares, numbers
      included: ``1/sqrt(x**2 + 1)``) -> ``hypot(a, b)``; then ``hypot(a, b) - b`` for a
-     positive ``b`` -> ``hypot_excess(a, b)``, ``a*(a/(hypot(a, b) + b))`` (pseudo-Huber).
+     positive number ``b`` -> ``hypot_excess(a, b)``, a quotient without the cancellation
+     (the pseudo-Huber loss).
    - ``x*log(y)`` -> ``xlogy(x, y)`` (finite at ``x = y = 0``).
    - ``atanh(tanh(u))`` and ``asinh(sinh(u))`` -> ``u`` (real ``u``): evaluated as written,
      tanh rounds to 1 and sinh overflows (atanh(tanh(-16.72)) is -16.7205 in float64).
@@ -472,6 +473,8 @@ def _rule_hypot(node: sympy.Expr):
     if not (node.is_Pow and node.base.is_Add and _number(node.exp)):
         return None
     twice = 2 * node.exp
+    if twice.is_Float and float(twice).is_integer():  # (a Float is never == an Integer)
+        twice = sympy.Integer(int(twice))  # (x**2 + 1)**0.5 is sqrt(x**2 + 1) (found in review)
     if twice.is_Integer and twice % 2 == 0:
         return None  # an integer power of a sum of squares is a polynomial
     roots = [_square_root(t) for t in node.base.args]
@@ -485,11 +488,13 @@ def _rule_hypot(node: sympy.Expr):
 
 
 def _rule_hypot_excess(node: sympy.Expr):
-    """``k*hypot(a, b) - k*b`` -> ``k*hypot_excess(a, b)`` for a positive ``b`` (a number, or
-    an expression SymPy proves positive): the pseudo-Huber loss ``sqrt(1 + x**2) - 1``.
+    """``k*hypot(a, b) - k*b`` -> ``k*hypot_excess(a, b)`` for a positive number ``b``: the
+    pseudo-Huber loss ``sqrt(1 + x**2) - 1``.
 
-    (For a ``b`` of either sign the stable form would need a branch on its sign: for b < 0
-    the difference does not cancel, and the quotient's denominator does.)
+    (Not for a ``b`` of either sign: for b < 0 the difference does not cancel, and the
+    quotient's denominator does. Nor for an expression that is positive in exact arithmetic,
+    such as 1/cosh(y): it can round to 0, and then a = 0 gives 0/0 where the difference was
+    0; found in review.)
     """
     if not node.is_Add:
         return None
@@ -501,7 +506,7 @@ def _rule_hypot_excess(node: sympy.Expr):
             continue
         scale = sympy.Mul(*(f for f in factors if f is not calls[0]))
         for a, b in (calls[0].args, calls[0].args[::-1]):
-            if b.is_positive is not True or not a.free_symbols:
+            if not (b.is_number and b.is_positive) or not a.free_symbols:
                 continue
             partner = -scale * b
             if partner in terms:

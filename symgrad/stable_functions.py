@@ -210,12 +210,15 @@ class hypot(StableFunction):  # noqa: N801
 
 
 class hypot_excess(StableFunction):  # noqa: N801
-    """``hypot(a, b) - b`` for ``b > 0``, computed as ``a*(a/(hypot(a, b) + b))``.
+    """``hypot(a, b) - b`` for a number ``b > 0``, computed as
+    ``a*((a/2)/(hypot(a, b)/2 + b/2))``, which is ``a**2/(hypot(a, b) + b)``.
 
     As written it cancels where ``|a|`` is small next to ``b``: the pseudo-Huber loss
     ``sqrt(1 + x**2) - 1`` is 0 in float32 below ``|x|`` = 2.4e-4, where it is ``x**2/2``.
-    The quotient ``a/(hypot(a, b) + b)`` lies in (-1, 1), so unlike ``a**2/(hypot(a, b) + b)``
-    it does not overflow (``a**2`` does in float16 from ``|a|`` = 256).
+    The quotient lies in (-1, 1), so unlike ``a**2`` (float16 overflows from ``|a|`` = 256)
+    it cannot overflow; the halves keep the denominator finite wherever ``hypot(a, b)`` is
+    (float16's 65504 plus b overflowed; found in review). At ``a = +-inf`` the quotient is
+    inf/inf: NaN, where the difference is inf.
     """
 
     nargs = 2

@@ -629,6 +629,9 @@ CAMPAIGN_FINDS_FUSED = [
     # form, and the expression gets the refusal it gets without --fuse.
     ("sum(sigmoid(acosh((((pi) - (x)) > (x)))))", 62, "piecewise constant"),
     ("sigmoid(log(log(sigmoid(x), 2), 2))", 0, "could not find an interval"),
+    # ... and may refuse it only when the where's Piecewise folds a Piecewise inside u into
+    # the condition (campaign 32).
+    ("sigmoid(log(Min((x) * (z), ((y) >= (x)), Min(y, 2/3, 1/2)), 1/2))", 889, "could not find an interval"),
 ]
 
 

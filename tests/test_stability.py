@@ -865,8 +865,13 @@ def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir):
     assert stabilize(z**2 * (sympy.sqrt(x**2 / z**2 + 1) - 1)) == z**2 * sf.hypot_excess(x / z, 1)
     assert stabilize(sympy.sqrt(x**2 + z**2) - z) == sf.hypot(x, z) - z  # z's sign is unknown
     assert stabilize(root - 2) == sf.hypot(x, 1) - 2  # no cancellation at 0 to remove
+    assert stabilize((x**2 + 1) ** sympy.Float(0.5) - 1) == sf.hypot_excess(x, 1)  # (found in review)
+    # Only a number b: 1/cosh(z) is positive but rounds to 0 at z = 100, and a = 0 would
+    # then give 0/0 (found in review).
+    sech = 1 / sympy.cosh(z)
+    assert not stabilize(sympy.sqrt(x**2 + sech**2) - sech).has(sf.hypot_excess)
     module = load(next(c for c in CASES if c.name == "pseudo_huber"), gen_dir)
-    points = [1e-4, -0.01, 0.5, 300.0, -3e4]
+    points = [1e-4, -0.01, 0.5, 300.0, -3e4, 65504.0]  # (the last: float16's largest)
     for dtype in (torch.float16, torch.bfloat16):
         values = apply(module, torch.tensor(points, dtype=dtype)).tolist()
         for p, got in zip(torch.tensor(points, dtype=dtype).tolist(), values):
