@@ -11,8 +11,10 @@ For every expression in EXPRESSIONS it generates four modules with
 ``fuse=True``, and both) and times one forward plus backward (``torch.autograd.grad``
 with a fixed upstream gradient) for six variants:
 
-- ``eager``: the default module's ``forward`` staticmethod called directly with grad
-  enabled: the same torch expression, differentiated by eager autograd;
+- ``eager``: the expression as a PyTorch user would write it (BASELINES: torch's own
+  kernels where it has them, ``torch.sigmoid``, ``F.softplus``, ``torch.log1p``),
+  differentiated by eager autograd. It is fixed here, not taken from symgrad's output, so
+  that a change in what symgrad prints cannot move the baseline;
 - ``compile``: ``torch.compile`` (inductor) of that same eager expression;
 - ``symgrad``: the generated Function (default mode, ``--save memory``);
 - ``speed``: the generated Function with ``--save speed``;
@@ -80,6 +82,40 @@ EXPRESSIONS = [
         X,
     ),
 ]
+
+# The baselines: each expression written by hand in torch, as an experienced user would
+# (inputs in the generated modules' order). Until 2026-11-29 the baseline was the default
+# module's own forward, which was the same code for every row here except GELU (an erfc
+# form), TwoInput and Large (the same math, spelled a little differently); then symgrad's
+# eager forward for Mish changed to a sigmoid form, which moved both baselines with it.
+BASELINES = {
+    "Double": "2 * x",
+    "Square": "x**2",
+    "Cube": "x**3",
+    "Exp": "torch.exp(x)",
+    "SquareSum": "(x**2).sum()",
+    "SqrtInverse": "torch.sqrt(x) + 1 / x",
+    "Sigmoid": "torch.sigmoid(x)",
+    "Tanh": "torch.tanh(x)",
+    "Mish": "x * torch.tanh(F.softplus(x))",
+    "SiLU": "x * torch.sigmoid(x)",
+    "GELU": "0.5 * x * (1 + torch.erf(x / math.sqrt(2)))",
+    "Softplus": "F.softplus(x)",
+    "TwoInput": "x * y + torch.exp(-x) * torch.log1p(y**2)",
+    "Large": (
+        "torch.sin(x) * torch.exp(-(x**2) / 2) + x**3 / (1 + x**2) + torch.tanh(x) * torch.log1p(x**2)"
+        " + torch.sqrt(1 + x**2) * torch.cos(2 * x) + x**4 / 24 - x / 3"
+    ),
+}
+
+
+def baseline(torch, module):
+    """The hand-written torch function for ``module``'s expression (BASELINES)."""
+    import torch.nn.functional as F
+
+    meta = module.__symgrad__
+    source = f"lambda {', '.join(meta['inputs'])}: {BASELINES[meta['function']]}"
+    return eval(source, {"torch": torch, "F": F, "math": math})  # noqa: S307 (our own table)
 VARIANTS = ("eager", "compile", "symgrad", "speed", "fused", "fused_speed")
 COMPILED = ("compile", "fused", "fused_speed")  # their first call compiles
 EAGER_KERNELS = ("eager", "symgrad", "speed")  # each torch op is one kernel: counted
@@ -211,8 +247,7 @@ def make_inputs(torch, module, n: int):
 
 def variants(torch, pair):
     """The six callables for one expression, each taking the input tensors."""
-    default = pair["symgrad"]
-    eager_forward = getattr(default, default.__symgrad__["function"]).forward
+    eager_forward = baseline(torch, pair["symgrad"])
     fns = {"eager": eager_forward, "compile": torch.compile(eager_forward)}
     for variant in VARIANTS[2:]:
         fns[variant] = getattr(pair[variant], pair[variant].__symgrad__["alias"])

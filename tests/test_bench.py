@@ -27,3 +27,29 @@ def test_benchmark_runs_and_reports_every_variant():
     assert "| Double | 1e+03 |" in out and "| Mish | 1e+03 |" in out, out
     for line in ("default/eager time", "fused/compile time", "default/eager kernels", "default/eager saved bytes"):
         assert line in out, line
+
+
+def test_every_expression_has_a_baseline_with_the_same_values(tmp_path):
+    """bench.BASELINES, the hand-written torch code the generated modules are timed against,
+    computes the same function as the expression (checked on the default module)."""
+    import importlib.util
+
+    import torch
+
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    import symgrad
+
+    assert {e[0] for e in bench.EXPRESSIONS} == set(bench.BASELINES)
+    for name, expr, inputs, domain in bench.EXPRESSIONS:
+        path = tmp_path / f"{name.lower()}.py"
+        path.write_text(symgrad.generate_source(expr, name, inputs=inputs, domain=domain))
+        spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        xs = [x.detach().double() for x in bench.make_inputs(torch, module, 64)]
+        want = getattr(module, module.__symgrad__["alias"])(*xs)
+        torch.testing.assert_close(bench.baseline(torch, module)(*xs), want, rtol=1e-12, atol=1e-12)
