@@ -292,8 +292,9 @@ def _softplus_identities(expr: sympy.Expr) -> tuple[sympy.Expr, set[str]]:
 
 # What one eager kernel costs, relative to an arithmetic operation (x*0.5, -x, x**2), for
 # the calls whose cost sets a choice of form below. Measured with ATen on this CPU, 1 thread,
-# 1e7 float32 values: -x 2.5 ms, sigmoid 4.2, exp 8.4, cosh 13.3, softplus 16.0, tanh 25.5. (SymPy's
-# count_ops, op_count, counts every call as one.)
+# 1e7 float32 values: -x 2.5 ms, sigmoid 4.2, exp 8.4, cosh 13.3, softplus 16.0, tanh 25.5.
+# (SymPy's count_ops, op_count, counts every call as one.) Allocations are not counted: with
+# glibc's default allocator a new 40 MB buffer costs more than the kernel that fills it.
 EAGER_CALL_COST = {"SIGMOID": 1.5, "EXP": 3.0, "COSH": 5.0, "SOFTPLUS": 6.5, "TANH": 9.0}
 
 
