@@ -855,8 +855,9 @@ def test_sigmoid_backward_is_accurate_in_float32_from_two_sigmoids(gen_dir):
 
 def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir):
     """stable._rule_hypot_excess: k*hypot(a, b) - k*b -> k*hypot_excess(a, b) only for a
-    positive b (for b < 0 the quotient's denominator would cancel instead), and the printed
-    quotient a*(a/(hypot(a, b) + b)) does not overflow where a**2 would: float16 at 300."""
+    positive number b (for b < 0 the quotient's denominator would cancel instead), and the
+    printed quotient a*((a/2)/(hypot(a, b)/2 + b/2)) overflows neither where a**2 would
+    (float16 at 300) nor where hypot(a, b) + b would (float16 at 65504)."""
     x, z = sympy.Symbol("x", real=True), sympy.Symbol("z", real=True)
     root = sympy.sqrt(1 + x**2)
     assert stabilize(root - 1) == sf.hypot_excess(x, 1)
