@@ -910,6 +910,14 @@ class _ProbePrinter(MpmathPrinter):
         condition, then, otherwise = (self._print(a) for a in expr.args)
         return f"(({then}) if ({condition}) else ({otherwise}))"
 
+    def _print_ComplexRootOf(self, expr):
+        # A root of a polynomial, where SymPy solved a Piecewise condition (x > x**4/2 - 1/2
+        # became a root interval, found by the fuzz campaign): its value.
+        value = expr.evalf(30)
+        if not value.is_real:
+            raise TypeError("a complex root in a condition")
+        return f"mpf('{value}')"
+
     def _print_Piecewise(self, expr):
         text = "mpf('nan')"
         for value, condition in reversed(expr.args):

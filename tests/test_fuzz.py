@@ -616,6 +616,9 @@ CAMPAIGN_FINDS = [
     # (-1e-3)**(pi + 2.5) is 5e-18 - 1.1e-17*I: its imaginary part passed as rounding noise
     # and converting it to a float crashed (campaign 31). Now refused as complex.
     ("-((-(-(y))) + ((-(1e-3))**((pi) + (2.5)))), log(sinh(erfc(sinh(E))), 1/2)", 21519, "is complex"),
+    # SymPy solved the derivative's condition x > x**4/2 - 1/2 into an interval between two
+    # CRootOf, which the domain probe's printer could not print: a NameError (campaign 33).
+    ("(x)**(((((1)**(x)) + ((x)**4)) < (((x) + (x)) + (2))))", 2, "passed"),
 ]
 
 # Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).
