@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 # bench.py sits next to this script: its allocator setting, inputs and timed step.
-from bench import ALLOCATOR_ENV, make_inputs, step
+from bench import keep_freed_buffers, make_inputs, step
 
 
 def _load(path: Path, prefix: str):
@@ -44,8 +42,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds (default 9)")
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     args = parser.parse_args()
-    if not args.system_malloc and any(k not in os.environ for k in ALLOCATOR_ENV):
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **ALLOCATOR_ENV))
+    keep_freed_buffers(args.system_malloc)
     import torch
 
     torch.set_num_threads(1)

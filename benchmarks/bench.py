@@ -58,6 +58,13 @@ from pathlib import Path
 
 ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
 
+
+def keep_freed_buffers(system_malloc: bool) -> None:
+    """Re-execute this script with ALLOCATOR_ENV set, unless ``system_malloc`` or already set."""
+    if not system_malloc and any(k not in os.environ for k in ALLOCATOR_ENV):
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **ALLOCATOR_ENV))
+
+
 # (class name, expression, inputs, domain): the seed functions, common activations, a
 # several-input function and a large expression. The domain (where inputs are sampled)
 # is given explicitly, so that the benchmark does not depend on symgrad's domain search.
@@ -149,9 +156,7 @@ def main() -> int:
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     args = parser.parse_args()
 
-    if not args.system_malloc and any(k not in os.environ for k in ALLOCATOR_ENV):
-        env = dict(os.environ, **ALLOCATOR_ENV)
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    keep_freed_buffers(args.system_malloc)
 
     import torch
 

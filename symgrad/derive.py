@@ -87,8 +87,7 @@ def derive(parsed: Parsed) -> Derivation:
     surrogates = dict(parsed.surrogates)
     forward = tuple(stabilize(out.expr) for out in parsed.outputs)
     identities: set[str] = set()
-    cheaper_forms = _cheaper_fused_forms if parsed.spec.fuse else _cheaper_eager_forms
-    forward = cheaper_forms(forward, identities)
+    forward = _cheaper_forms(forward, identities, parsed.spec.fuse)
     for index, expr in enumerate(forward):
         folded = numbers_to_floats(to_elementary(expr))
         if not folded.free_symbols & set(parsed.inputs):
@@ -111,7 +110,7 @@ def derive(parsed: Parsed) -> Derivation:
     # they reuse, 1 - sigmoid(x) for sigmoid(-x), as the code has it: that is no identity the
     # docstring lists; the fused forms' reuse happens after their identities).
     documented = stable if parsed.spec.fuse else _reusing_shared_work(stable)
-    gradients = _reusing_shared_work([cheaper_forms(row, identities) for row in stable])
+    gradients = _reusing_shared_work([_cheaper_forms(row, identities, parsed.spec.fuse) for row in stable])
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -201,11 +200,13 @@ IDENTITIES = {
 }
 
 
-def _cheaper_fused_forms(exprs: tuple[sympy.Expr, ...], identities: set[str]) -> tuple[sympy.Expr, ...]:
-    """cheaper_fused_form of each, adding the names of the identities used to ``identities``."""
+def _cheaper_forms(exprs: tuple[sympy.Expr, ...], identities: set[str], fuse: bool) -> tuple[sympy.Expr, ...]:
+    """cheaper_fused_form (``fuse``) or cheaper_eager_form of each, adding the names of the
+    identities used to ``identities``."""
+    cheaper_form = _cheaper_fused_form if fuse else _cheaper_eager_form
     results = []
     for expr in exprs:
-        cheaper, used = _cheaper_fused_form(expr)
+        cheaper, used = cheaper_form(expr)
         identities |= used
         results.append(cheaper)
     return tuple(results)
@@ -302,16 +303,6 @@ def eager_cost(expr: sympy.Expr) -> float:
     """:func:`op_count` with each call weighted by :data:`EAGER_CALL_COST` (others count 1)."""
     visual = sympy.count_ops(expr, visual=True)
     return float(visual.xreplace({s: sympy.Float(EAGER_CALL_COST.get(s.name, 1.0)) for s in visual.free_symbols}))
-
-
-def _cheaper_eager_forms(exprs: tuple[sympy.Expr, ...], identities: set[str]) -> tuple[sympy.Expr, ...]:
-    """cheaper_eager_form of each, adding the names of the identities used to ``identities``."""
-    results = []
-    for expr in exprs:
-        cheaper, used = _cheaper_eager_form(expr)
-        identities |= used
-        results.append(cheaper)
-    return tuple(results)
 
 
 def cheaper_eager_form(expr: sympy.Expr) -> sympy.Expr:
@@ -558,8 +549,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
             row_identities: set[str] = set()
             try:
                 row = tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs)
-                cheaper_forms = _cheaper_fused_forms if parsed.spec.fuse else _cheaper_eager_forms
-                row = cheaper_forms(row, row_identities)
+                row = _cheaper_forms(row, row_identities, parsed.spec.fuse)
             except SymgradError:
                 continue  # SymPy cannot differentiate it again: backward recomputes this one
             if any(g.has(sympy.AccumBounds) for g in row):
