@@ -61,7 +61,7 @@ def main() -> int:
             label: (lambda *xs, f=getattr(m, m.__symgrad__["alias"]): f(*xs, *params))
             for label, m in (("old", old), ("new", new))
         }
-        inputs = make_inputs(torch, old, n)
+        inputs = make_inputs(torch, old, n, "cpu")
         upstream = torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5
         times: dict[str, list[float]] = {"old": [], "new": []}
         for label in ("old", "new", "old", "new"):  # warm-up

@@ -5,6 +5,7 @@ one adds 5-30 s per compile):
 
     python benchmarks/bench.py                      # N = 1e6 and 1e7, float32, CPU
     python benchmarks/bench.py --sizes 1e6 --png bench.png --only Mish GELU
+    python benchmarks/bench.py --device cuda --sizes 1e7 1e8   # on a GPU
 
 For every expression in EXPRESSIONS it generates four modules with
 ``symgrad.generate_source`` into a temporary package (the default, ``save="speed"``,
@@ -125,7 +126,8 @@ def baseline(torch, module):
 
     meta = module.__symgrad__
     source = f"lambda {', '.join(meta['inputs'])}: {BASELINES[meta['function']]}"
-    return eval(source, {"torch": torch, "F": F, "math": math})  # noqa: S307 (our own table)
+    code = compile(source, f"<baseline {meta['function']}>", "eval")  # (named in tracebacks)
+    return eval(code, {"torch": torch, "F": F, "math": math})  # noqa: S307 (our own table)
 VARIANTS = ("eager", "compile", "symgrad", "speed", "fused", "fused_speed")
 COMPILED = ("compile", "fused", "fused_speed")  # their first call compiles
 EAGER_KERNELS = ("eager", "symgrad", "speed")  # each torch op is one kernel: counted
@@ -154,6 +156,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", help="benchmark only these names (e.g. Mish GELU)")
     parser.add_argument("--png", help="also write a bar chart to this file (needs matplotlib)")
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
     args = parser.parse_args()
 
     keep_freed_buffers(args.system_malloc)
@@ -162,9 +165,12 @@ def main() -> int:
 
     threads = args.threads
     torch.set_num_threads(threads)
+    device = torch.device(args.device)
     print(machine_line(torch, threads))
+    if device.type == "cuda":
+        print(f"GPU: {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}")
     print("allocator: " + ("glibc defaults" if args.system_malloc else " ".join(f"{k}={os.environ.get(k)}" for k in ALLOCATOR_ENV)))
-    print("dtype float32, device cpu; times are fwd+bwd in ms: median [min-max]", flush=True)
+    print(f"dtype float32, device {device}; times are fwd+bwd in ms: median [min-max]", flush=True)
     print(f"load average at start: {load()} (other processes on the machine make timings noisy)\n", flush=True)
 
     package_dir = Path(tempfile.mkdtemp(prefix="symgrad_bench_"))
@@ -184,13 +190,13 @@ def main() -> int:
     rows = []
     for size in args.sizes:
         n = int(size)
-        bandwidth = copy_bandwidth(torch, n)
+        bandwidth = copy_bandwidth(torch, n, device)
         print(f"N={n:.0e}: copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
         repeats = args.repeats if n <= 1_000_000 else args.repeats_large
         for name, *_ in expressions:
             if name not in modules:
                 continue
-            row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth)
+            row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth, device)
             rows.append(row)
             print(progress_line(row), flush=True)
     print(f"\nload average at end: {load()}")
@@ -243,19 +249,27 @@ def generate(package_dir: Path, package: str, name: str, expr: str, inputs, doma
     return out
 
 
-def make_inputs(torch, module, n: int):
+def make_inputs(torch, module, n: int, device):
     meta = module.__symgrad__
     generator = torch.Generator().manual_seed(0)
     xs = []
     for symbol in meta["inputs"]:
         low, high = meta["domain"][symbol]
-        xs.append((low + (high - low) * torch.rand(n, generator=generator)).requires_grad_())
+        xs.append((low + (high - low) * torch.rand(n, generator=generator)).to(device).requires_grad_())
     return xs
+
+
+def synchronizer(torch, device):
+    """Waits for the device's queued kernels: a GPU returns from a call before its kernels run."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
 def variants(torch, pair):
     """The six callables for one expression, each taking the input tensors."""
     eager_forward = baseline(torch, pair["symgrad"])
+    # A clean slate per expression: Dynamo in torch 2.11 (on an H200) compiled the baselines
+    # of the first 8 expressions and ran every later one eagerly, whatever their file names.
+    torch._dynamo.reset()
     fns = {"eager": eager_forward, "compile": torch.compile(eager_forward)}
     for variant in VARIANTS[2:]:
         fns[variant] = getattr(pair[variant], pair[variant].__symgrad__["alias"])
@@ -270,21 +284,28 @@ def step(torch, fn, xs, upstream):
     return torch.autograd.grad(outs, xs, grads)
 
 
-def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float) -> Row:
+def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float, device) -> Row:
     """Time the six variants round-robin, so that load from other processes hits all alike,
     in a new order each round."""
     row = Row(name, n)
     try:
-        xs = make_inputs(torch, pair["symgrad"], n)
-        upstream = torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5
+        xs = make_inputs(torch, pair["symgrad"], n, device)
+        upstream = (torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5).to(device)
+        sync = synchronizer(torch, device)
         fns = variants(torch, pair)
         reference = None
         for variant, fn in fns.items():
+            graphs = _compiled_graphs(torch)
+            sync()
             start = time.perf_counter()
             grads = step(torch, fn, xs, upstream)  # first call: compiles where it compiles
+            sync()
             first = time.perf_counter() - start
             if variant in COMPILED:
                 row.compile_s[variant] = first
+            if variant == "compile" and _compiled_graphs(torch) == graphs:
+                # (A silent fallback to eager would make every ratio against compile wrong.)
+                raise RuntimeError("torch.compile compiled no graph: it ran the baseline eagerly")
             if reference is None:
                 reference = grads
             else:
@@ -305,8 +326,10 @@ def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwid
             # and allocator pattern (5-20% at 1e6): a new order each round averages that out.
             shuffle(order)
             for variant, fn in order:
+                sync()
                 start = time.perf_counter()
                 step(torch, fn, xs, upstream)
+                sync()
                 samples[variant].append((time.perf_counter() - start) * 1e3)
         for variant, values in samples.items():
             row.times[variant] = (statistics.median(values), min(values), max(values))
@@ -314,6 +337,12 @@ def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwid
     except Exception as exc:  # report, keep going
         row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     return row
+
+
+def _compiled_graphs(torch) -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def saved_bytes(torch, fn, xs) -> int:
@@ -364,15 +393,18 @@ def floor_bytes(module, n: int) -> int:
     return 4 * n * (forward + backward)
 
 
-def copy_bandwidth(torch, n: int) -> float:
+def copy_bandwidth(torch, n: int, device) -> float:
     """Bytes per second of ``dst.copy_(src)`` (read + write) at N float32 elements."""
-    src, dst = torch.rand(n), torch.empty(n)
+    src, dst = torch.rand(n, device=device), torch.empty(n, device=device)
+    sync = synchronizer(torch, device)
     for _ in range(3):
         dst.copy_(src)
     samples = []
     for _ in range(20):
+        sync()
         start = time.perf_counter()
         dst.copy_(src)
+        sync()
         samples.append(time.perf_counter() - start)
     return 8 * n / statistics.median(samples)
 

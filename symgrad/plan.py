@@ -6,7 +6,9 @@ Everything the templates print is decided here; they only loop over the lines.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
+import re
 import textwrap
 from dataclasses import dataclass
 
@@ -16,7 +18,7 @@ from .derive import IDENTITIES, Derivation, op_count, with_derivatives_as_output
 from .errors import SymgradError
 from .inplace import reuse_buffers
 from .naming import RESERVED, Namer, check_class_name
-from .printer import numbers_to_floats, print_torch
+from .printer import COMPILED_HELPERS, numbers_to_floats, print_torch
 
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is
@@ -54,6 +56,8 @@ class Fused:
     jvp: Method
     # The docstring's paragraph on which bodies run compiled and which eagerly, and why.
     description: tuple[str, ...] = ()
+    # Module-level helper functions the bodies call (printer.COMPILED_HELPERS), as lines.
+    helpers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,9 @@ class Plan:
     value_name: str | None = None
     value: Method | None = None
     value_call: str | None = None
+    # The forward of the torch.compile twin (no_jvp_class) where ``forward`` writes its
+    # temporaries in place; None where the two are the same. See _Builder.compiled_forward.
+    compiled_forward: Method | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,7 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     n_out = len(parsed.outputs)
     module_level = {spec.name, f"_{spec.name}NoJvp", alias, "torch", _value_name(alias)}
     if spec.fuse:
-        module_level |= set(_fused_names(alias).values())
+        module_level |= set(_fused_names(alias).values()) | set(COMPILED_HELPERS)
     # Builtins the generated bodies call, which a user symbol must not shadow.
     builtins_used = {"isinstance", "getattr"}
     # User symbols first avoid every name the generated code uses for itself ...
@@ -154,6 +161,17 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
 def _value_name(alias: str) -> str:
     """The module-level function that computes a --save speed module's outputs alone."""
     return f"_{alias}_value"
+
+
+def _with_helpers(fused: Fused, value: Method | None) -> Fused:
+    """``fused`` with the source of each printer.COMPILED_HELPERS function its code calls."""
+    methods = [m for m in (fused.forward, fused.backward, fused.jvp, value) if m is not None]
+    code = "\n".join(line for m in methods for line in (*m.lines, m.returns))
+    helpers: list[str] = []
+    for name, source in sorted(COMPILED_HELPERS.items()):
+        if re.search(rf"\b{name}\(", code):
+            helpers += [*source, "", ""]
+    return dataclasses.replace(fused, helpers=tuple(helpers))
 
 
 def _fused_names(alias: str) -> dict[str, str]:
@@ -244,7 +262,9 @@ class _Builder:
         return self.names.symbols[symbol]
 
     def code(self, expr: sympy.Expr) -> str:
-        return print_torch(expr, self.names.symbols, self.reference)
+        # A fused module's code runs under torch.compile (its bodies, and the value function
+        # of --save speed); printer.COMPILED_CALLS keep inductor's kernels accurate there.
+        return print_torch(expr, self.names.symbols, self.reference, compiled=self.p.spec.fuse)
 
     def cse(self, exprs: list[sympy.Expr]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], list[sympy.Expr]]:
         exprs = [numbers_to_floats(e) for e in exprs]
@@ -296,7 +316,8 @@ class _Builder:
             value_call = f"{_value_name(self.alias)}({args})"
             if fused:
                 value_call = f"{fused.plan.runner}({_value_name(self.alias)}, {args})"
-        forward = fused.forward_call if fused else self.eager(self.forward())
+        out_of_place_forward = None if fused else self.forward()
+        forward = fused.forward_call if fused else self.eager(out_of_place_forward)
         backward = fused.backward_call if fused else self.eager(self.backward(saved), differentiating=True)
         jvp = fused.jvp_call if fused else self.eager(self.jvp(saved), differentiating=True)
         return Plan(
@@ -320,8 +341,26 @@ class _Builder:
             inplace=inplace,
             refuses_double_backward=once,
             surrogate=any(self.d.surrogate),
-            fused=fused.plan if fused else None,
+            fused=_with_helpers(fused.plan, value) if fused else None,
+            compiled_forward=self.compiled_forward(out_of_place_forward, forward),
         )
+
+    @staticmethod
+    def compiled_forward(out_of_place: Method | None, eager: Method) -> Method | None:
+        """What the torch.compile twin's forward runs: the forward as written, without
+        symgrad.inplace's buffer reuse, where that rewrote it (else None: one forward serves
+        both).
+
+        Under torch.compile the reuse buys nothing (inductor plans its own buffers), and it
+        costs correctness: Dynamo in torch 2.11 returned zero gradients through some
+        in-place forwards (1/x + sqrt(x) as (1 / x).add_(torch.sqrt(x)), GELU and Mish, whose
+        output is an in-place op's result; found on a GPU machine, CPU and CUDA alike, with
+        backend="eager" too; torch 2.13 is right). Out of place, all three were right there.
+        In-place backward and jvp bodies traced correctly there, so they stay shared.
+        """
+        if out_of_place is None or out_of_place == eager:
+            return None
+        return out_of_place
 
     def eager(self, method: Method, differentiating: bool = False) -> Method:
         """An eager body reuses its temporaries' buffers (symgrad.inplace). Not --inplace,

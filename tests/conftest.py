@@ -16,6 +16,28 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="torch device for the device-aware tests (generated modules' contract, stability, fused,"
+        " inductor kernels), e.g. cuda; default cpu",
+    )
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    """The torch device of ``--device``. Generated code must run unchanged on any device, so
+    the contract tests take their inputs here; asking for an absent device is an error, not a skip."""
+    import torch
+
+    name = request.config.getoption("--device")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device {name}: torch sees no CUDA device")
+    return device
+
+
 def generated_names() -> list[str]:
     return sorted(p.stem for p in GENERATED.glob("*.py") if p.name != "__init__.py")
 

@@ -50,6 +50,6 @@ def test_every_expression_has_a_baseline_with_the_same_values(tmp_path):
         spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        xs = [x.detach().double() for x in bench.make_inputs(torch, module, 64)]
+        xs = [x.detach().double() for x in bench.make_inputs(torch, module, 64, "cpu")]
         want = getattr(module, module.__symgrad__["alias"])(*xs)
         torch.testing.assert_close(bench.baseline(torch, module)(*xs), want, rtol=1e-12, atol=1e-12)

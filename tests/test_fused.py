@@ -38,10 +38,10 @@ def modules(tmp_path_factory):
         sys.path.remove(str(root))
 
 
-def inputs(dtype=torch.float64):
+def inputs(device, dtype=torch.float64):
     generator = torch.Generator().manual_seed(0)
-    x = torch.rand(3, 4, generator=generator, dtype=dtype).requires_grad_()
-    y = torch.rand(4, generator=generator, dtype=dtype).requires_grad_()
+    x = torch.rand(3, 4, generator=generator, dtype=dtype).to(device).requires_grad_()
+    y = torch.rand(4, generator=generator, dtype=dtype).to(device).requires_grad_()
     return x, y
 
 
@@ -53,10 +53,10 @@ def test_fused_source_uses_the_fused_template(modules):
     assert fused._COMPILED == {} or all(callable(f) for f in fused._COMPILED.values())
 
 
-def test_fused_matches_default_and_compiles_its_bodies(modules):
+def test_fused_matches_default_and_compiles_its_bodies(modules, device):
     plain, fused = modules
-    for alpha in (0.7, torch.tensor(0.7, dtype=torch.float64)):
-        x, y = inputs()
+    for alpha in (0.7, torch.tensor(0.7, dtype=torch.float64, device=device)):
+        x, y = inputs(device)
         want = plain.plain(x, y, alpha)
         want_grads = torch.autograd.grad(want.sum(), (x, y))
         got = fused.fused(x, y, alpha)
@@ -67,25 +67,25 @@ def test_fused_matches_default_and_compiles_its_bodies(modules):
     # Both bodies were compiled, and calling the compiled ones directly works: the eager
     # fallback in _fused was not what produced the results above.
     assert set(fused._COMPILED) == {fused._fused_forward, fused._fused_backward}
-    x, y = (t.detach() for t in inputs())
+    x, y = (t.detach() for t in inputs(device))
     with torch.no_grad():
         torch.testing.assert_close(
             fused._COMPILED[fused._fused_forward](x, y, 0.7), plain.Plain.forward(x, y, 0.7)
         )
 
 
-def test_new_shapes_compile_once_more_for_all_sizes(modules):
+def test_new_shapes_compile_once_more_for_all_sizes(modules, device):
     """The bodies compile for the first shape (a specialised, faster kernel); the second
     shape recompiles them for any size, as torch.compile does by default, and every later
     size reuses that."""
     from torch._dynamo.utils import counters
 
     plain, fused = modules
-    fused.fused(*inputs(), 0.7).sum().backward()  # compiled for (3, 4) and (4,) already
+    fused.fused(*inputs(device), 0.7).sum().backward()  # compiled for (3, 4) and (4,) already
     graphs = counters["stats"]["unique_graphs"]
     for rows in (5, 6, 9, 11):
-        x = torch.rand(rows, 4, dtype=torch.float64, requires_grad=True)
-        y = torch.rand(4, dtype=torch.float64, requires_grad=True)
+        x = torch.rand(rows, 4, dtype=torch.float64, device=device, requires_grad=True)
+        y = torch.rand(4, dtype=torch.float64, device=device, requires_grad=True)
         got = torch.autograd.grad(fused.fused(x, y, 0.7).sum(), (x, y))
         want = torch.autograd.grad(plain.plain(x, y, 0.7).sum(), (x, y))
         for g, w in zip(got, want):
@@ -94,12 +94,12 @@ def test_new_shapes_compile_once_more_for_all_sizes(modules):
     assert counters["stats"]["unique_graphs"] - graphs == 2
 
 
-def test_double_backward_runs_the_eager_body(modules):
+def test_double_backward_runs_the_eager_body(modules, device):
     plain, fused = modules
-    x, y = inputs()
+    x, y = inputs(device)
     (gx,) = torch.autograd.grad(fused.fused(x, y, 0.7).sum(), x, create_graph=True)
     (hx,) = torch.autograd.grad(gx.sum(), x)
-    x2, y2 = inputs()
+    x2, y2 = inputs(device)
     (gx2,) = torch.autograd.grad(plain.plain(x2, y2, 0.7).sum(), x2, create_graph=True)
     (hx2,) = torch.autograd.grad(gx2.sum(), x2)
     torch.testing.assert_close(hx, hx2)
@@ -113,7 +113,7 @@ MP_FUNCTIONS = {
 
 
 @pytest.mark.parametrize("expr", sorted(MP_FUNCTIONS))
-def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
+def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path, device):
     """The fused bodies compute tanh's 1/cosh(x)**2 and sigmoid's derivative from one sigmoid
     of -|x|, and Mish from one sigmoid (derive.cheaper_fused_form); double backward
     differentiates those bodies eagerly, so they must be exact under autograd too, at 0 and
@@ -126,13 +126,13 @@ def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
     points = [-30.0, -2.5, -1e-3, 0.0, 1e-3, 0.7, 4.0, 18.0, 30.0]
-    x = torch.tensor(points, dtype=torch.float64, requires_grad=True)
+    x = torch.tensor(points, dtype=torch.float64, device=device, requires_grad=True)
     assert torch.autograd.gradgradcheck(fused.cheap_fused, (x,))
     (g,) = torch.autograd.grad(fused.cheap_fused(x).sum(), x, create_graph=True)
     (h,) = torch.autograd.grad(g.sum(), x)
     with mpmath.workdps(60):
         want = [float(mpmath.diff(MP_FUNCTIONS[expr], mpmath.mpf(p), 2)) for p in points]
-    want = torch.tensor(want, dtype=torch.float64)
+    want = torch.tensor(want, dtype=torch.float64, device=device)
     torch.testing.assert_close(h, want, rtol=1e-9, atol=1e-13)
     # Far in the tail (second derivatives below 1e-13), 1 - sigmoid(x) has lost digits in
     # float64, but the value stays right to 1% (the default module's is 0 at x = 30). (The
@@ -140,13 +140,13 @@ def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
     torch.testing.assert_close(h, want, rtol=1e-2, atol=1e-30)
     # The third derivative too: the where(x > 0, -x, x) of -|x| has slope -1 or 1 on each
     # side, where abs's would be 0 at x = 0 (and tanh's third derivative there is -2).
-    x = torch.tensor(points[1:-1], dtype=torch.float64, requires_grad=True)
+    x = torch.tensor(points[1:-1], dtype=torch.float64, device=device, requires_grad=True)
     (g,) = torch.autograd.grad(fused.cheap_fused(x).sum(), x, create_graph=True)
     (h,) = torch.autograd.grad(g.sum(), x, create_graph=True)
     (k,) = torch.autograd.grad(h.sum(), x)
     with mpmath.workdps(60):
         want = [float(mpmath.diff(MP_FUNCTIONS[expr], mpmath.mpf(p), 3)) for p in points[1:-1]]
-    torch.testing.assert_close(k, torch.tensor(want, dtype=torch.float64), rtol=1e-7, atol=1e-12)
+    torch.testing.assert_close(k, torch.tensor(want, dtype=torch.float64, device=device), rtol=1e-7, atol=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -168,7 +168,7 @@ def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path):
         ("atanh(x/2)", {"backward", "jvp"}),
     ],
 )
-def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path):
+def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path, device):
     """A body that is one elementwise operation (2*x, grad_output*result) is called directly:
     an eager kernel is as fast, and the compiled call would add only a guard check. So is a
     body that calls a function inductor computes inaccurately. Any other body with more, or
@@ -180,7 +180,7 @@ def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path):
         module = importlib.import_module(module_name)
     finally:
         sys.path.remove(str(tmp_path))
-    x = torch.rand(5, dtype=torch.float64, requires_grad=True)
+    x = torch.rand(5, dtype=torch.float64, device=device, requires_grad=True)
     y = module.one_op(x)
     (g,) = torch.autograd.grad(y.sum(), x)
     with torch.autograd.forward_ad.dual_level():

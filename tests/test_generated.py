@@ -18,8 +18,11 @@ from reference import evaluate
 SHAPES = [(3, 4), (4,), (3, 1), (1, 4)]
 
 
-def sample(module, dtype=torch.float64, seed=0, requires_grad=True, tensor_params=False):
-    """Inputs drawn from each symbol's domain, then the params' sample values."""
+def sample(module, device, dtype=torch.float64, seed=0, requires_grad=True, tensor_params=False):
+    """Inputs drawn from each symbol's domain on ``device``, then the params' sample values.
+
+    Drawn on the CPU in float64 and then moved, so that every device and dtype sees the same
+    numbers."""
     meta = module.__symgrad__
     generator = torch.Generator().manual_seed(seed)
     args = []
@@ -27,9 +30,9 @@ def sample(module, dtype=torch.float64, seed=0, requires_grad=True, tensor_param
         low, high = meta["domain"][name]
         shape = SHAPES[0] if meta["inplace"] else SHAPES[index % len(SHAPES)]
         value = low + (high - low) * torch.rand(shape, generator=generator, dtype=torch.float64)
-        args.append(value.to(dtype).requires_grad_(requires_grad))
+        args.append(value.to(device=device, dtype=dtype).requires_grad_(requires_grad))
     for name, value in meta["params"].items():
-        args.append(torch.tensor(value, dtype=dtype) if tensor_params else value)
+        args.append(torch.tensor(value, dtype=dtype, device=device) if tensor_params else value)
     return args
 
 
@@ -59,36 +62,36 @@ def as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
 
-def test_forward_matches_independent_evaluation(module):
+def test_forward_matches_independent_evaluation(module, device):
     meta = module.__symgrad__
-    args = sample(module, requires_grad=False)
+    args = sample(module, device, requires_grad=False)
     names = meta["inputs"] + list(meta["params"])
-    values = {name: np.asarray(a.detach().numpy() if torch.is_tensor(a) else a) for name, a in zip(names, args)}
+    values = {name: np.asarray(a.detach().cpu().numpy() if torch.is_tensor(a) else a) for name, a in zip(names, args)}
     expected = evaluate(meta["expr"], values)
     actual = as_tuple(functional(module)(*args))
     assert len(actual) == len(expected)
     for got, want in zip(actual, expected):
         # The reference broadcasts every input; an output that uses fewer of them (exp(y) next
         # to x*y) keeps its own, smaller shape.
-        got = np.broadcast_to(got.detach().numpy(), np.shape(want))
+        got = np.broadcast_to(got.detach().cpu().numpy(), np.shape(want))
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
-def test_gradcheck(module):
+def test_gradcheck(module, device):
     meta = module.__symgrad__
     if meta["surrogate"]:
         pytest.skip("a surrogate gradient is not the derivative: test_surrogate_gradient checks it")
     inplace = meta["inplace"]
     assert gradcheck(
         differentiable_part(module),
-        sample(module),
+        sample(module, device),
         check_forward_ad=not inplace,
         check_batched_grad=not inplace,
         check_batched_forward_grad=not inplace,
     )
 
 
-def test_gradgradcheck(module):
+def test_gradgradcheck(module, device):
     meta = module.__symgrad__
     if meta["surrogate"]:
         pytest.skip("a surrogate gradient is not the derivative")
@@ -96,47 +99,47 @@ def test_gradgradcheck(module):
     if "double backward (create_graph=True) is not supported" in source:
         # Double backward is refused loudly, never silently wrong.
         with pytest.raises(RuntimeError, match="double backward"):
-            gradgradcheck(functional(module), sample(module))
+            gradgradcheck(functional(module), sample(module, device))
         return
-    assert gradgradcheck(differentiable_part(module), sample(module), check_fwd_over_rev=not meta["inplace"])
+    assert gradgradcheck(differentiable_part(module), sample(module, device), check_fwd_over_rev=not meta["inplace"])
 
 
-def test_surrogate_gradient(module):
+def test_surrogate_gradient(module, device):
     """A declared surrogate replaces the derivative: backward must compute exactly it."""
     meta = module.__symgrad__
     if not meta["surrogate"]:
         pytest.skip("no surrogate gradient")
-    args = sample(module)
+    args = sample(module, device)
     names = meta["inputs"] + list(meta["params"])
     output = functional(module)(*args)
-    upstream = torch.linspace(0.5, 1.5, output.numel(), dtype=output.dtype).reshape(output.shape)
+    upstream = torch.linspace(0.5, 1.5, output.numel(), dtype=output.dtype, device=device).reshape(output.shape)
     inputs = args[: len(meta["inputs"])]
     grads = torch.autograd.grad(output, inputs, upstream)
-    values = {n: np.asarray(a.detach().numpy() if torch.is_tensor(a) else a) for n, a in zip(names, args)}
+    values = {n: np.asarray(a.detach().cpu().numpy() if torch.is_tensor(a) else a) for n, a in zip(names, args)}
     for name, arg, grad in zip(meta["inputs"], inputs, grads):
         if name in meta["surrogate"]:
             (declared,) = evaluate(meta["surrogate"][name], values)
-            expected = np.broadcast_to(declared, output.shape) * upstream.numpy()
-            np.testing.assert_allclose(grad.numpy(), expected.reshape(arg.shape), rtol=1e-12)
+            expected = np.broadcast_to(declared, output.shape) * upstream.cpu().numpy()
+            np.testing.assert_allclose(grad.cpu().numpy(), expected.reshape(arg.shape), rtol=1e-12)
 
 
-def test_tensor_params(module):
+def test_tensor_params(module, device):
     meta = module.__symgrad__
     if not meta["params"]:
         pytest.skip("no params")
-    as_numbers = as_tuple(functional(module)(*sample(module)))
-    as_tensors = as_tuple(functional(module)(*sample(module, tensor_params=True)))
+    as_numbers = as_tuple(functional(module)(*sample(module, device)))
+    as_tensors = as_tuple(functional(module)(*sample(module, device, tensor_params=True)))
     for a, b in zip(as_numbers, as_tensors):
         torch.testing.assert_close(a, b)
-    assert gradcheck(differentiable_part(module), sample(module, tensor_params=True))
+    assert gradcheck(differentiable_part(module), sample(module, device, tensor_params=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_dtype_is_kept(module, dtype):
-    args = sample(module, dtype=dtype)
+def test_dtype_is_kept(module, dtype, device):
+    args = sample(module, device, dtype=dtype)
     outputs = as_tuple(functional(module)(*args))
     for output in outputs:
-        assert output.dtype == dtype
+        assert output.dtype == dtype and output.device == args[0].device
     live = [o for o in outputs if o.requires_grad]
     differentiable = [a for a in args if torch.is_tensor(a) and a.requires_grad]
     grads = torch.autograd.grad([o.sum() for o in live], differentiable, allow_unused=True)
@@ -145,9 +148,33 @@ def test_dtype_is_kept(module, dtype):
             assert grad.dtype == dtype and grad.shape == arg.shape
 
 
-def test_nondifferentiable_outputs_are_marked(module):
+# Half precision rounds the inputs and every intermediate: a few of its units, relative to the
+# largest element (an element near a zero of the function keeps only an absolute accuracy).
+NARROW_RTOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2, torch.float32: 1e-5}
+
+
+@pytest.mark.parametrize("dtype", list(NARROW_RTOL), ids=lambda d: str(d).split(".")[-1])
+def test_narrow_dtypes_agree_with_float64(module, dtype, device):
+    """Values and gradients in float16, bfloat16 and float32 agree with float64 at the same
+    (rounded) inputs: no overflow, underflow or lost precision inside the generated code."""
+    narrow = sample(module, device, dtype=dtype)
+    wide = [a.detach().double().requires_grad_() if torch.is_tensor(a) else a for a in narrow]
+    results = []
+    for args in (narrow, wide):
+        outputs = as_tuple(functional(module)(*args))
+        live = [o for o in outputs if o.requires_grad]
+        tensors = [a for a in args if torch.is_tensor(a)]
+        grads = torch.autograd.grad([o.sum() for o in live], tensors, allow_unused=True)
+        results.append(list(outputs) + [g for g in grads if g is not None])
+    rtol = NARROW_RTOL[dtype]
+    for got, want in zip(*results):
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=rtol * scale, check_device=True)
+
+
+def test_nondifferentiable_outputs_are_marked(module, device):
     meta = module.__symgrad__
-    outputs = as_tuple(functional(module)(*sample(module)))
+    outputs = as_tuple(functional(module)(*sample(module, device)))
     for index, output in enumerate(outputs):
         assert output.requires_grad == (index not in meta["nondifferentiable"])
 
@@ -157,9 +184,9 @@ def _not_inplace(module):
         pytest.skip("torch.func transforms do not support in-place (mark_dirty) Functions")
 
 
-def test_vmap_matches_loop(module):
+def test_vmap_matches_loop(module, device):
     _not_inplace(module)
-    args = sample(module, requires_grad=False)
+    args = sample(module, device, requires_grad=False)
     n_inputs = len(module.__symgrad__["inputs"])
     batched = [torch.stack([a * (1 + 0.01 * k) for k in range(3)]) for a in args[:n_inputs]]
     fn = functional(module)
@@ -171,12 +198,12 @@ def test_vmap_matches_loop(module):
             torch.testing.assert_close(g[k], w)
 
 
-def test_jacfwd_equals_jacrev(module):
+def test_jacfwd_equals_jacrev(module, device):
     _not_inplace(module)
     meta = module.__symgrad__
     if meta["surrogate"]:
         pytest.skip("a surrogate defines only the backward and jvp it declares")
-    args = sample(module, requires_grad=False)
+    args = sample(module, device, requires_grad=False)
     n_inputs = len(meta["inputs"])
     argnums = tuple(range(n_inputs))
     fn = functional(module)
@@ -185,13 +212,13 @@ def test_jacfwd_equals_jacrev(module):
     torch.testing.assert_close(forward, reverse)
 
 
-def test_compile_matches_eager(module):
+def test_compile_matches_eager(module, device):
     _not_inplace(module)
     torch._dynamo.reset()
     fn = functional(module)
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
-    eager_args = sample(module)
-    compiled_args = sample(module)
+    eager_args = sample(module, device)
+    compiled_args = sample(module, device)
     eager = as_tuple(fn(*eager_args))
     got = as_tuple(compiled(*compiled_args))
     for g, e in zip(got, eager):

@@ -13,14 +13,14 @@ import torch
 from conftest import load
 
 
-def test_inductor_matches_eager():
+def test_inductor_matches_eager(device):
     module = load("blend")
     torch._dynamo.reset()
     compiled = torch.compile(module.blend, fullgraph=True, backend="inductor", dynamic=True)
     for n in (5, 8):  # a second size exercises the dynamic-shape graph
         generator = torch.Generator().manual_seed(n)
-        x = torch.rand(3, n, generator=generator, dtype=torch.float64, requires_grad=True)
-        y = torch.rand(n, generator=generator, dtype=torch.float64, requires_grad=True)
+        x = torch.rand(3, n, generator=generator, dtype=torch.float64).to(device).requires_grad_()
+        y = torch.rand(n, generator=generator, dtype=torch.float64).to(device).requires_grad_()
         x2, y2 = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
         eager = module.blend(x, y, 0.7)
         got = compiled(x2, y2, 0.7)
@@ -63,27 +63,42 @@ def _printed_functions():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-def test_inductor_kernels_are_accurate_except_those_fused_bodies_avoid(dtype):
+def test_inductor_kernels_are_accurate_except_those_fused_bodies_avoid(dtype, device):
     """Every function symgrad prints, compiled by inductor on vectorised sizes (16 copies of
-    each point) against ATen's eager kernel in float64: within 64 ulps of the dtype, except
-    plan.INDUCTOR_INACCURATE, whose fused bodies run eagerly. Those are checked to be
-    inaccurate still, so that the list stays as short as torch allows."""
+    each point), against ATen's eager kernel in float64: as accurate as ATen's kernel in
+    ``dtype`` on the same device, within 4 ulps, except those fused bodies avoid:
+    plan.INDUCTOR_INACCURATE (the bodies that call them run eagerly) and
+    printer.COMPILED_CALLS (printed as accurate helpers).
+
+    On the CPU the inaccurate set is checked to be exactly plan.INDUCTOR_INACCURATE, so
+    that the list stays as short as torch allows. On a GPU it differs (Triton's sigmoid
+    uses a fast exp, 9.6 ulps off at 50, and its expm1, atanh and erf are accurate: seen on
+    an H200 with torch 2.11); there every inaccurate kernel must be one the bodies avoid."""
     from symgrad.plan import INDUCTOR_INACCURATE
+    from symgrad.printer import COMPILED_CALLS, PRINTERS
 
     functions = _printed_functions()
-    inputs = [torch.tensor(points, dtype=dtype).repeat_interleave(16) for _, _, points in functions]
+    inputs = [torch.tensor(points, dtype=dtype, device=device).repeat_interleave(16) for _, _, points in functions]
 
     def everything(*tensors):
         return tuple(fn(t) for (_, fn, _), t in zip(functions, tensors))
 
     torch._dynamo.reset()
     compiled = torch.compile(everything, fullgraph=True, backend="inductor")(*inputs)
-    inaccurate = set()
+    eps = torch.finfo(dtype).eps
+    inaccurate = {}
     for (name, fn, _), t, got in zip(functions, inputs, compiled):
         want = fn(t.double())
         usable = torch.isfinite(want) & (want.abs() > torch.finfo(dtype).tiny) & (want.abs() < torch.finfo(dtype).max)
-        relative = ((got.double() - want).abs() / want.abs())[usable]
-        if relative.max() > 64 * torch.finfo(dtype).eps:
-            inaccurate.add(name)
-    expected = {name for name in INDUCTOR_INACCURATE if not (name == "torch.special.erf" and dtype == torch.float64)}
-    assert inaccurate == expected
+
+        def ulps(value):
+            return (((value.double() - want).abs() / want.abs())[usable].max() / eps).item()
+
+        if ulps(got) > ulps(fn(t)) + 4:
+            inaccurate[name] = round(ulps(got), 1)
+    avoided = set(INDUCTOR_INACCURATE) | {PRINTERS[cls](["u"]).split("(")[0] for cls in COMPILED_CALLS}
+    if torch.device(device).type == "cpu":
+        expected = {name for name in INDUCTOR_INACCURATE if not (name == "torch.special.erf" and dtype == torch.float64)}
+        assert set(inaccurate) == expected, inaccurate
+    else:
+        assert set(inaccurate) <= avoided, inaccurate

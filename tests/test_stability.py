@@ -263,20 +263,20 @@ def points_for(case: Case, dtype):
     return out
 
 
-def evaluate(fn, point, dtype):
-    """Value and gradients of ``fn`` at ``point`` through autograd, as Python floats."""
-    args = [torch.tensor(p, dtype=dtype, requires_grad=True) for p in point]
+def evaluate(fn, point, dtype, device="cpu"):
+    """Value and gradients of ``fn`` at ``point`` on ``device`` through autograd, as Python floats."""
+    args = [torch.tensor(p, dtype=dtype, device=device, requires_grad=True) for p in point]
     out = fn(*args)
     grads = torch.autograd.grad(out, args, allow_unused=True)
     return out.item(), [g.item() if g is not None else 0.0 for g in grads]
 
 
-def errors(case: Case, fn, dtype):
+def errors(case: Case, fn, dtype, device="cpu"):
     """Per point: (point, value error, [gradient errors])."""
     rows = []
     for point in points_for(case, dtype):
         value, grads = truth(case, point)
-        got_value, got_grads = evaluate(fn, point, dtype)
+        got_value, got_grads = evaluate(fn, point, dtype, device)
         rows.append(
             (point, rel_error(got_value, value, dtype), [rel_error(g, w, dtype) for g, w in zip(got_grads, grads)])
         )
@@ -286,12 +286,12 @@ def errors(case: Case, fn, dtype):
 @pytest.mark.parametrize("save", ["memory", "speed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir):
+def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir, device):
     """Both save policies: --save speed computes the same stable derivative, in forward."""
     module = load(case, gen_dir, save)
     rtol = case.rtol.get(dtype, RTOL[dtype])
     bad = []
-    for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype):
+    for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype, device):
         if value_error > rtol or any(e > rtol for e in grad_errors):
             bad.append((point, value_error, grad_errors))
     assert not bad, f"{case.name} ({dtype}): relative errors above {rtol} at {bad}"
@@ -306,11 +306,11 @@ FUSED_CASES = [c for c in CASES if c.name in ("mish", "silu", "softplus", "sigmo
 @pytest.mark.parametrize("save", ["memory", "speed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
-def test_fused_values_and_gradients_match_exact_math(case, dtype, save, gen_dir):
+def test_fused_values_and_gradients_match_exact_math(case, dtype, save, gen_dir, device):
     module = load(case, gen_dir, save, fuse=True)
     rtol = case.rtol.get(dtype, RTOL[dtype])
     bad = []
-    for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype):
+    for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype, device):
         if value_error > rtol or any(e > rtol for e in grad_errors):
             bad.append((point, value_error, grad_errors))
     assert not bad, f"{case.name} fused ({dtype}): relative errors above {rtol} at {bad}"
@@ -322,14 +322,14 @@ def test_fused_values_and_gradients_match_exact_math(case, dtype, save, gen_dir)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
-def test_fused_vectorised_values_and_gradients_match_exact_math(case, dtype, gen_dir):
+def test_fused_vectorised_values_and_gradients_match_exact_math(case, dtype, gen_dir, device):
     """The same points, 16 copies each in one tensor: inductor's CPU code has vectorised
     kernels as well as scalar ones, and they differ (its vectorised expm1 is exp(x) - 1, 100%
     off near 0; found in review, when the 0-d tensors above only ever met the scalar ones)."""
     module = load(case, gen_dir, fuse=True)
     rtol = case.rtol.get(dtype, RTOL[dtype])
     points = points_for(case, dtype)
-    x = torch.tensor([p for (p,) in points], dtype=dtype).repeat_interleave(16).requires_grad_()
+    x = torch.tensor([p for (p,) in points], dtype=dtype, device=device).repeat_interleave(16).requires_grad_()
     value = apply(module, x)
     (grad,) = torch.autograd.grad(value.sum(), x)
     bad = []
@@ -348,20 +348,28 @@ KERNEL_CASES = [c for c in CASES if c.kernel is not None]
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=[c.name for c in KERNEL_CASES])
-def test_at_least_as_accurate_as_torch_kernel(case, dtype, gen_dir):
-    _assert_at_least_as_accurate(case, load(case, gen_dir), dtype)
+def test_at_least_as_accurate_as_torch_kernel(case, dtype, gen_dir, device):
+    _assert_at_least_as_accurate(case, load(case, gen_dir), dtype, device)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
-def test_fused_at_least_as_accurate_as_torch_kernel(case, dtype, gen_dir):
-    _assert_at_least_as_accurate(case, load(case, gen_dir, fuse=True), dtype)
+def test_fused_at_least_as_accurate_as_torch_kernel(case, dtype, gen_dir, device):
+    # On a GPU, inductor divides float32 with Triton's approximate division (div.full.f32,
+    # up to 2 ulps; PyTorch's emulate_divison_rounding config would make it exact, at a
+    # cost in speed), and no form of Mish's gradient divides without it: that gradient has
+    # a zero at x = -1.19, near which any rounding grows. Measured on an H200: 6.4 ulps at
+    # x = -1 where F.mish's eager kernel has 0.6. The eager modules keep the CPU's slack.
+    slack = 4 if torch.device(device).type == "cpu" else 8
+    _assert_at_least_as_accurate(case, load(case, gen_dir, fuse=True), dtype, device, slack)
 
 
-def _assert_at_least_as_accurate(case, module, dtype):
-    ours = errors(case, lambda *a: apply(module, *a), dtype)
-    theirs = errors(case, case.kernel, dtype)
-    slack = 4 * torch.finfo(dtype).eps
+def _assert_at_least_as_accurate(case, module, dtype, device, slack_ulps=4):
+    """torch's own kernel runs on the same device: its accuracy there is the bar, with
+    ``slack_ulps`` units of the dtype's rounding to spare."""
+    ours = errors(case, lambda *a: apply(module, *a), dtype, device)
+    theirs = errors(case, case.kernel, dtype, device)
+    slack = slack_ulps * torch.finfo(dtype).eps
     worse = []
     for (point, v_ours, g_ours), (_, v_theirs, g_theirs) in zip(ours, theirs):
         if v_ours > v_theirs + slack or any(a > b + slack for a, b in zip(g_ours, g_theirs)):
@@ -385,25 +393,25 @@ SMOOTH_POINTS = [-4.0, -1.3, -0.2, 0.0, 1e-3, 0.7, 2.5]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_gradcheck_gradgradcheck_forward_ad(case, gen_dir):
+def test_gradcheck_gradgradcheck_forward_ad(case, gen_dir, device):
     module = load(case, gen_dir)
     fn = lambda *a: apply(module, *a)  # noqa: E731
     if len(case.inputs) == 1:
         values = [p for p in SMOOTH_POINTS if case.where(p) and p != 0.0 or case.name in ("sinc", "exprel")]
         if case.name == "piecewise_sqrt" or case.name == "entropy":
             values = [p for p in values if p != 0.0]
-        args = (torch.tensor(values, dtype=torch.float64, requires_grad=True),)
+        args = (torch.tensor(values, dtype=torch.float64, device=device, requires_grad=True),)
     else:
-        a = torch.tensor([-1.5, 0.3, 2.0, 0.9], dtype=torch.float64, requires_grad=True)
-        b = torch.tensor([0.4, 1.2, 0.7, 2.2], dtype=torch.float64, requires_grad=True)
+        a = torch.tensor([-1.5, 0.3, 2.0, 0.9], dtype=torch.float64, device=device, requires_grad=True)
+        b = torch.tensor([0.4, 1.2, 0.7, 2.2], dtype=torch.float64, device=device, requires_grad=True)
         args = (a, b)
     assert gradcheck(fn, args, check_forward_ad=True)
     assert gradgradcheck(fn, args, check_fwd_over_rev=True)
 
 
-def test_piecewise_double_backward_is_finite_where_branch_is_not_taken(gen_dir):
+def test_piecewise_double_backward_is_finite_where_branch_is_not_taken(gen_dir, device):
     module = load(next(c for c in CASES if c.name == "piecewise_sqrt"), gen_dir)
-    x = torch.tensor([-4.0, -1e-8, 0.0, 1e-8, 4.0], dtype=torch.float64, requires_grad=True)
+    x = torch.tensor([-4.0, -1e-8, 0.0, 1e-8, 4.0], dtype=torch.float64, device=device, requires_grad=True)
     (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
     (gg,) = torch.autograd.grad(g.sum(), x)
     assert torch.isfinite(g).all() and torch.isfinite(gg).all()
@@ -411,10 +419,10 @@ def test_piecewise_double_backward_is_finite_where_branch_is_not_taken(gen_dir):
     assert gg[4].item() == pytest.approx(-0.25 * 4.0**-1.5)
 
 
-def test_removable_singularity_second_derivative_at_zero(gen_dir):
+def test_removable_singularity_second_derivative_at_zero(gen_dir, device):
     module = load(next(c for c in CASES if c.name == "sinc"), gen_dir)
     for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-14)):
-        x = torch.tensor([0.0, 1e-20, 0.49999, 0.5, 0.50001], dtype=dtype, requires_grad=True)
+        x = torch.tensor([0.0, 1e-20, 0.49999, 0.5, 0.50001], dtype=dtype, device=device, requires_grad=True)
         (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
         (gg,) = torch.autograd.grad(g.sum(), x)
         with mpmath.workdps(DPS):
@@ -530,7 +538,7 @@ def test_guarded_piecewise_keeps_its_derivatives(expr):
                 assert abs(got - want) <= mpmath.mpf(10) ** -35 * (1 + abs(want)), (expr, s, values)
 
 
-def test_two_symbol_piecewise_double_backward_is_finite(gen_dir):
+def test_two_symbol_piecewise_double_backward_is_finite(gen_dir, device):
     source = generate_source("Piecewise((log(x - y), x > y), (0, True))", "PwLog")
     path = gen_dir / "pw_log.py"
     path.write_text(source)
@@ -538,8 +546,8 @@ def test_two_symbol_piecewise_double_backward_is_finite(gen_dir):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    x = torch.tensor([-2.0, 0.5, 3.0, 1.0], dtype=torch.float64, requires_grad=True)
-    y = torch.tensor([1.0, 0.5, 1.0, 3.0], dtype=torch.float64, requires_grad=True)
+    x = torch.tensor([-2.0, 0.5, 3.0, 1.0], dtype=torch.float64, device=device, requires_grad=True)
+    y = torch.tensor([1.0, 0.5, 1.0, 3.0], dtype=torch.float64, device=device, requires_grad=True)
     out = apply(module, x, y)
     gx, gy = torch.autograd.grad(out.sum(), (x, y), create_graph=True)
     (ggx,) = torch.autograd.grad(gx.sum(), x)
@@ -725,12 +733,13 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
     assert "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2)" in nested
 
 
-def test_cheaper_fused_form_computes_sigmoid_and_tanh_derivatives_with_one_sigmoid():
+def test_cheaper_fused_form_computes_sigmoid_and_tanh_derivatives_with_one_sigmoid(device):
     """derive.cheaper_fused_form: sigmoid(u)*sigmoid(-u) and tanh's 1/cosh(u)**2 from one
     sigmoid of -|u|, equal to the math exactly and accurate in float32 from 1e-30 to 1e4 on
-    both sides; tanh itself keeps its kernel."""
+    both sides, eager and compiled, as fused bodies print it (printer.COMPILED_HELPERS'
+    _sigmoid); tanh itself keeps its kernel."""
     from symgrad.derive import cheaper_fused_form
-    from symgrad.printer import print_torch
+    from symgrad.printer import COMPILED_HELPERS, print_torch
     from symgrad.stable_functions import sigmoid
 
     x = sympy.Symbol("x", real=True)
@@ -751,11 +760,13 @@ def test_cheaper_fused_form_computes_sigmoid_and_tanh_derivatives_with_one_sigmo
             at = {x: sympy.Rational(point)}
             want = expr.evalf(40, subs=at)
             assert abs(sf.to_elementary(fused).evalf(40, subs=at) - want) <= 1e-30 * max(1, abs(want))
-        code = print_torch(fused, {x: "x"})
+        code = print_torch(fused, {x: "x"}, compiled=True)
+        namespace = {"torch": torch}
+        exec("\n".join(COMPILED_HELPERS["_sigmoid"]), namespace)  # noqa: S102 (our own code)
         # (16 copies of each point: inductor's vectorised kernels differ from its scalar ones)
-        values = torch.tensor(points).repeat_interleave(16)
-        eager = eval(code, {"torch": torch, "x": values})  # noqa: S307 (our own code)
-        compiled = torch.compile(eval(f"lambda x: {code}", {"torch": torch}), fullgraph=True)(values)  # noqa: S307
+        values = torch.tensor(points, device=device).repeat_interleave(16)
+        eager = eval(code, {**namespace, "x": values})  # noqa: S307 (our own code)
+        compiled = torch.compile(eval(f"lambda x: {code}", namespace), fullgraph=True)(values)  # noqa: S307
         for got in (eager, compiled):
             for p, value in zip(values.tolist(), got.tolist()):
                 with mpmath.workdps(50):
@@ -771,7 +782,37 @@ def test_cheaper_fused_form_computes_sigmoid_and_tanh_derivatives_with_one_sigmo
     fused = generate_source("tanh(x)", "TanhForm", fuse=True)
     assert "1/cosh(u)**2 = 4*s*(1 - s), with s = sigmoid(-2*|u|)" in fused
     fused = generate_source("1/(1+exp(-x))", "SigmoidForm", fuse=True)
-    assert "torch.sigmoid(torch.where(x > 0, -x, x))" in fused
+    assert "_sigmoid(torch.where(x > 0, -x, x))" in fused
+
+
+def test_compiled_sigmoid_helper_is_exact_where_it_avoids_inductors_kernel():
+    """printer.COMPILED_HELPERS' _sigmoid, on its exp(-|u|) branch (compiled on a GPU; run
+    here eagerly): values, first and second derivatives through autograd (double backward
+    differentiates the bodies) against mpmath in float32 and float64, in both tails and at
+    0, where each side's where branch must give the slopes 1/4 and 0."""
+    from symgrad.printer import COMPILED_HELPERS
+
+    source = "\n".join(COMPILED_HELPERS["_sigmoid"])
+    condition = 'if u.device.type == "cpu" or not torch.compiler.is_compiling():'
+    assert condition in source
+    namespace = {"torch": torch}
+    exec(source.replace(condition, "if False:"), namespace)  # noqa: S102 (our own code)
+    points = [-100.0, -88.0, -50.0, -20.0, -1.5, -1e-3, 0.0, 1e-30, 1e-3, 0.7, 3.0, 20.0, 50.0, 100.0]
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor(points, dtype=dtype, requires_grad=True)
+        value = namespace["_sigmoid"](x)
+        (first,) = torch.autograd.grad(value.sum(), x, create_graph=True)
+        (second,) = torch.autograd.grad(first.sum(), x)
+        eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
+        for k, p in enumerate(points):
+            with mpmath.workdps(120):  # (1 - s at p = 100 is 4e-44: 44 digits cancel)
+                s = 1 / (1 + mpmath.exp(-mpmath.mpf(p)))
+                wants = (s, s * (1 - s), s * (1 - s) * (1 - 2 * s))
+            # (The second derivative near 0 is 1 - 2s times the first: it cancels in any form,
+            # so it is held to its own largest magnitude, 0.096, there.)
+            scales = (abs(wants[0]), abs(wants[1]), abs(wants[2]) + 0.1 * (abs(p) < 1))
+            for got, want, scale in zip((value[k].item(), first[k].item(), second[k].item()), wants, scales):
+                assert abs(got - want) <= 4 * eps * scale + tiny, (dtype, p, got, float(want))
 
 
 def test_accuracy_guard_rejects_a_form_that_fails_where_the_math_is_finite():
@@ -797,7 +838,7 @@ SCALED = [
 
 
 @pytest.mark.parametrize("name, expr, exact", SCALED, ids=[s[0] for s in SCALED])
-def test_fused_forms_stay_accurate_for_scaled_arguments(name, expr, exact, gen_dir):
+def test_fused_forms_stay_accurate_for_scaled_arguments(name, expr, exact, gen_dir, device):
     """The accuracy probes must reach where a scaled argument makes 1 - sigmoid(u) cancel:
     the fused gradient of 50*tanh(x/50) was exactly 0 from x = 450 when the probes stopped
     at |x| = 80 (found in review)."""
@@ -807,7 +848,7 @@ def test_fused_forms_stay_accurate_for_scaled_arguments(name, expr, exact, gen_d
         want = truth(case, (point,))[1][0]
         if not torch.finfo(torch.float32).tiny <= abs(want) <= torch.finfo(torch.float32).max:
             continue
-        _, (got,) = evaluate(lambda t: apply(module, t), (point,), torch.float32)
+        _, (got,) = evaluate(lambda t: apply(module, t), (point,), torch.float32, device)
         assert rel_error(got, want, torch.float32) <= RTOL[torch.float32], (name, point, got, float(want))
     assert module._COMPILED
 
@@ -836,13 +877,13 @@ def test_cheaper_eager_form_writes_the_sigmoid_derivative_as_two_sigmoids():
         assert abs(sf.to_elementary(paired).evalf(40, subs=at) - want) <= 1e-35 * want
 
 
-def test_sigmoid_backward_is_accurate_in_float32_from_two_sigmoids(gen_dir):
+def test_sigmoid_backward_is_accurate_in_float32_from_two_sigmoids(gen_dir, device):
     """The default module's sigmoid gradient (now sigmoid(x)*sigmoid(-x)) against mpmath in
     float32 far in both tails, where torch's y*(1 - y) is 0."""
     module = load(next(c for c in CASES if c.name == "sigmoid"), gen_dir)
     assert "torch.cosh" not in Path(module.__file__).read_text()
     points = [-80.0, -40.0, -20.0, -1e-3, 0.0, 1e-3, 3.0, 20.0, 40.0, 80.0]
-    x = torch.tensor(points, requires_grad=True)
+    x = torch.tensor(points, device=device, requires_grad=True)
     (grad,) = torch.autograd.grad(module.__dict__[module.__symgrad__["alias"]](x).sum(), x)
     for p, value in zip(points, grad.tolist()):
         with mpmath.workdps(50):
@@ -853,7 +894,7 @@ def test_sigmoid_backward_is_accurate_in_float32_from_two_sigmoids(gen_dir):
         assert abs(value - want) <= 4 * 2.0**-24 * want, (p, value, float(want))
 
 
-def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir):
+def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir, device):
     """stable._rule_hypot_excess: k*hypot(a, b) - k*b -> k*hypot_excess(a, b) only for a
     positive number b (for b < 0 the quotient's denominator would cancel instead), and the
     printed quotient a*((a/2)/(hypot(a, b)/2 + b/2)) overflows neither where a**2 would
@@ -874,7 +915,7 @@ def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir):
     module = load(next(c for c in CASES if c.name == "pseudo_huber"), gen_dir)
     points = [1e-4, -0.01, 0.5, 300.0, -3e4, 65504.0]  # (the last: float16's largest)
     for dtype in (torch.float16, torch.bfloat16):
-        values = apply(module, torch.tensor(points, dtype=dtype)).tolist()
+        values = apply(module, torch.tensor(points, dtype=dtype, device=device)).tolist()
         for p, got in zip(torch.tensor(points, dtype=dtype).tolist(), values):
             want = mpmath.sqrt(1 + mpmath.mpf(p) ** 2) - 1
             assert abs(got - want) <= 2 * torch.finfo(dtype).eps * want + torch.finfo(dtype).tiny, (dtype, p, got)
