@@ -260,8 +260,11 @@ def make_inputs(torch, module, n: int, device):
 
 
 def synchronizer(torch, device):
-    """Waits for the device's queued kernels: a GPU returns from a call before its kernels run."""
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    """Waits for the device's queued kernels: an accelerator returns from a call before its
+    kernels run (torch.cuda, torch.xpu and torch.mps each have synchronize)."""
+    if device.type == "cpu":
+        return lambda: None
+    return getattr(torch, device.type).synchronize
 
 
 def variants(torch, pair):

@@ -570,7 +570,9 @@ class _Builder:
         try:
             budget = [MAX_CONDITION_COMPARISONS]
             pairs = [(value, _without_piecewise(condition, budget)) for value, condition in pairs]
-            return sympy.Piecewise(*pairs)
+            undefined = _undefined_comparison([condition for _, condition in pairs])
+            if undefined is None:
+                return sympy.Piecewise(*pairs)
         except _ConditionTooLarge:
             raise self.fail(
                 node,
@@ -586,6 +588,13 @@ class _Builder:
             raise self.fail(
                 node, f"cannot build {self.source(node)}: SymPy recursed without end on its conditions"
             ) from None
+        # SymPy 1.14 folding such a condition into the Piecewise ran for minutes:
+        # (1 >= gamma(zoo)) & (x >= 3), from 1 >= gamma(gamma(x < 3)) (fuzz campaign 34).
+        raise self.fail(
+            node,
+            f"cannot build {self.source(node)}: on one of its branches a condition compares an"
+            f" undefined value ({undefined})",
+        )
 
     def condition(self, node: ast.AST) -> sympy.logic.boolalg.Boolean:
         if isinstance(node, ast.Constant) and isinstance(node.value, bool):
@@ -611,6 +620,15 @@ class _Builder:
 
 class _ConditionTooLarge(Exception):
     pass
+
+
+def _undefined_comparison(conditions: list[sympy.logic.boolalg.Boolean]) -> sympy.Basic | None:
+    """The first comparison in ``conditions`` with an undefined value (zoo, nan) in it."""
+    for condition in conditions:
+        for comparison in sorted(condition.atoms(sympy.core.relational.Relational), key=sympy.default_sort_key):
+            if comparison.has(sympy.zoo, sympy.nan):
+                return comparison
+    return None
 
 
 def _without_piecewise(condition: sympy.logic.boolalg.Boolean, budget: list[int]) -> sympy.logic.boolalg.Boolean:

@@ -355,8 +355,9 @@ class _Builder:
         costs correctness: Dynamo in torch 2.11 returned zero gradients through some
         in-place forwards (1/x + sqrt(x) as (1 / x).add_(torch.sqrt(x)), GELU and Mish, whose
         output is an in-place op's result; found on a GPU machine, CPU and CUDA alike, with
-        backend="eager" too; torch 2.13 is right). Out of place, all three were right there.
-        In-place backward and jvp bodies traced correctly there, so they stay shared.
+        backend="eager" too). Out of place, all three were right there. This is
+        pytorch/pytorch#180642, fixed by #180921 (torch 2.13 is right). In-place backward
+        and jvp bodies traced correctly on 2.11, so they stay shared.
         """
         if out_of_place is None or out_of_place == eager:
             return None

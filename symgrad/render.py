@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from importlib import resources
 from pathlib import Path
@@ -11,6 +12,7 @@ import jinja2
 
 from .errors import SymgradError
 from .plan import Plan
+from .printer import COMPILED_HELPERS
 
 FUNCTION_TEMPLATE = "function.py.jinja"
 INPLACE_TEMPLATE = "inplace.py.jinja"
@@ -77,6 +79,40 @@ def render(plan: Plan, directory: Path) -> str:
     except jinja2.TemplateError as exc:
         raise SymgradError(f"template {name!r} failed: {exc}") from None
     try:
-        return black.format_str(source, mode=BLACK_MODE)
+        formatted = black.format_str(source, mode=BLACK_MODE)
     except black.InvalidInput as exc:
         raise SymgradError(f"template {name!r} produced invalid Python: {str(exc).splitlines()[0]}") from None
+    _check_contract(plan, formatted, name)
+    return formatted
+
+
+def _check_contract(plan: Plan, source: str, name: str) -> None:
+    """Refuse a module that a custom (or older) template got wrong in ways that would only
+    show at run time: a helper its bodies call but it does not define (plan.fused.helpers),
+    or an in-place forward in the torch.compile twin (plan.compiled_forward)."""
+    tree = ast.parse(source)
+    defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    undefined = sorted((called & set(COMPILED_HELPERS)) - defined)
+    if undefined:
+        raise SymgradError(
+            f"template {name!r} calls {undefined[0]} without defining it: print plan.fused.helpers"
+            " (see symgrad's templates/fused.py.jinja)"
+        )
+    if plan.compiled_forward is None:
+        return
+    twin = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == plan.no_jvp_class), None)
+    forward = twin and next((n for n in twin.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+    if forward is None or any(_is_in_place_call(node) for node in ast.walk(forward)):
+        raise SymgradError(
+            f"template {name!r} does not give {plan.no_jvp_class} the out-of-place forward:"
+            " print plan.compiled_forward there (see symgrad's templates/function.py.jinja)"
+        )
+
+
+def _is_in_place_call(node: ast.AST) -> bool:
+    """``a.add_(b)`` and the like: a method call whose name ends in one underscore."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return False
+    method = node.func.attr
+    return method.endswith("_") and not method.endswith("__") and not method.startswith("_")

@@ -635,6 +635,16 @@ CAMPAIGN_FINDS_FUSED = [
     # ... and may refuse it only when the where's Piecewise folds a Piecewise inside u into
     # the condition (campaign 32).
     ("sigmoid(log(Min((x) * (z), ((y) >= (x)), Min(y, 2/3, 1/2)), 1/2))", 889, "could not find an interval"),
+    # gamma(gamma(0)) on the x >= 3 branch of an indicator: SymPy folding the condition
+    # (1 >= gamma(zoo)) & (x >= 3) into the Piecewise ran for minutes, with --fuse and without
+    # (campaign 34). A comparison with an undefined value is refused.
+    ("((Piecewise((1, True))) >= (gamma(gamma(((x) < (3))))))", 2, "compares an undefined value"),
+    (
+        "((Piecewise((((log(x, 1/2)) <= (gamma(x))), ((x)**(-2)) > (log(x, 1/2))), (x, True)))"
+        " >= (gamma(gamma(((x) < (3))))))",
+        2,
+        "compares an undefined value",
+    ),
 ]
 
 

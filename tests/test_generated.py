@@ -148,15 +148,13 @@ def test_dtype_is_kept(module, dtype, device):
             assert grad.dtype == dtype and grad.shape == arg.shape
 
 
-# Half precision rounds the inputs and every intermediate: a few of its units, relative to the
-# largest element (an element near a zero of the function keeps only an absolute accuracy).
-NARROW_RTOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2, torch.float32: 1e-5}
-
-
-@pytest.mark.parametrize("dtype", list(NARROW_RTOL), ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=lambda d: str(d).split(".")[-1])
 def test_narrow_dtypes_agree_with_float64(module, dtype, device):
     """Values and gradients in float16, bfloat16 and float32 agree with float64 at the same
-    (rounded) inputs: no overflow, underflow or lost precision inside the generated code."""
+    (rounded) inputs, to 4 units of the dtype's rounding (eps) of each element plus 4 of the
+    output's largest one (an element near a zero of the function keeps only that absolute
+    accuracy): no overflow and no precision lost inside the generated code at the sampled
+    inputs. (On the CPU the worst is 0.73 such units, pair_speed in float32.)"""
     narrow = sample(module, device, dtype=dtype)
     wide = [a.detach().double().requires_grad_() if torch.is_tensor(a) else a for a in narrow]
     results = []
@@ -166,10 +164,11 @@ def test_narrow_dtypes_agree_with_float64(module, dtype, device):
         tensors = [a for a in args if torch.is_tensor(a)]
         grads = torch.autograd.grad([o.sum() for o in live], tensors, allow_unused=True)
         results.append(list(outputs) + [g for g in grads if g is not None])
-    rtol = NARROW_RTOL[dtype]
+    assert len(results[0]) == len(results[1])
+    tolerance = 4 * torch.finfo(dtype).eps
     for got, want in zip(*results):
         scale = want.abs().max().item()
-        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=rtol * scale, check_device=True)
+        torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance * scale, check_device=True)
 
 
 def test_nondifferentiable_outputs_are_marked(module, device):

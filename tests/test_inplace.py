@@ -221,9 +221,25 @@ def test_torch_compile_twin_runs_the_forward_out_of_place(module):
     from test_generated import sample
 
     eager, twin = getattr(module, meta["function"]), getattr(module, f"_{meta['function']}NoJvp")
-    assert not re.search(r"\.[a-z]\w*_\(", inspect.getsource(twin.forward)), "in-place op in the twin"
+    in_place = re.compile(r"\.[a-z]\w*_\(")
+    assert not in_place.search(inspect.getsource(twin.forward)), "in-place op in the twin"
+    if "forward" in vars(eager):  # (overridden only where buffer reuse rewrote the forward)
+        assert in_place.search(inspect.getsource(eager.forward)), "the eager class lost its in-place forward"
     args = [a.detach() if torch.is_tensor(a) else a for a in sample(module, "cpu")]
     with torch.no_grad():
         outputs = eager.forward(*args), twin.forward(*args)
     for got, want in zip(*(o if isinstance(o, tuple) else (o,) for o in outputs)):
         torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+
+
+def test_eager_classes_keep_the_in_place_forward():
+    """The twin's out-of-place forward must not replace the eager one: buffer reuse is
+    what makes the eager forward faster (tests/test_speed.py measures the passes)."""
+    from conftest import generated_names, load
+
+    overridden = []
+    for name in generated_names():
+        module = load(name)
+        if "forward" in vars(getattr(module, module.__symgrad__["function"])):
+            overridden.append(name)
+    assert {"sqrt_inverse", "gelu", "mish"} <= set(overridden), overridden

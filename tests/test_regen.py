@@ -364,3 +364,38 @@ def test_repository_generated_modules_are_up_to_date(capsys):
     after a change to symgrad or its templates; the output says which files and why."""
     code = main(["check", str(ROOT / "generated")])
     assert code == 0, capsys.readouterr().out
+
+
+def _without(folder: Path, template: str, start: str, end: str) -> None:
+    """Cut the text from ``start`` up to (not including) ``end`` out of ``template``."""
+    text = (folder / template).read_text()
+    assert start in text and end in text
+    (folder / template).write_text(text[: text.index(start)] + text[text.index(end) :])
+
+
+def test_template_without_the_fused_helpers_is_refused(cli, tmp_path):
+    """A custom (or pre-0.1 copy of) fused.py.jinja that does not print plan.fused.helpers
+    would write a module whose bodies call an undefined _sigmoid: refused, nothing written."""
+    folder = custom_templates(tmp_path / "old", "before helpers")
+    _without(folder, "fused.py.jinja", "{% for line in plan.fused.helpers %}", "def {{ plan.fused.forward_name }}")
+    assert_error(
+        cli("tanh(x)", "--name", "TanhFused", "--fuse", "--templates", "old"),
+        "template 'fused.py.jinja' calls _sigmoid without defining it: print plan.fused.helpers",
+    )
+    assert not (tmp_path / "generated" / "tanh_fused.py").exists()
+    assert cli("x**3", "--name", "Cube", "--fuse", "--templates", "old")[0] == 0  # (no sigmoid: no helper)
+
+
+def test_template_with_an_in_place_compile_twin_is_refused(cli, tmp_path):
+    """A custom function.py.jinja that gives the torch.compile twin the in-place forward
+    (plan.forward, not plan.compiled_forward) brings back torch 2.11's zero gradients."""
+    folder = custom_templates(tmp_path / "old", "in-place twin")
+    text = (folder / "function.py.jinja").read_text()
+    assert "{% set twin_forward = plan.compiled_forward or plan.forward %}" in text
+    (folder / "function.py.jinja").write_text(text.replace("plan.compiled_forward or plan.forward", "plan.forward"))
+    assert_error(
+        cli("sqrt(x)+1/x", "--name", "SqrtInverse", "--templates", "old"),
+        "template 'function.py.jinja' does not give _SqrtInverseNoJvp the out-of-place forward",
+    )
+    assert not (tmp_path / "generated" / "sqrt_inverse.py").exists()
+    assert cli("x**2", "--name", "Square", "--templates", "old")[0] == 0  # (nothing in place: one forward)

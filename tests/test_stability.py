@@ -356,10 +356,11 @@ def test_at_least_as_accurate_as_torch_kernel(case, dtype, gen_dir, device):
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
 def test_fused_at_least_as_accurate_as_torch_kernel(case, dtype, gen_dir, device):
     # On a GPU, inductor divides float32 with Triton's approximate division (div.full.f32,
-    # up to 2 ulps; PyTorch's emulate_divison_rounding config would make it exact, at a
-    # cost in speed), and no form of Mish's gradient divides without it: that gradient has
-    # a zero at x = -1.19, near which any rounding grows. Measured on an H200: 6.4 ulps at
-    # x = -1 where F.mish's eager kernel has 0.6. The eager modules keep the CPU's slack.
+    # up to 2 ulps; inductor's eager_numerics.division_rounding config makes it exact, at a
+    # cost in speed), and Mish's gradient has a zero at x = -1.19, near which any rounding
+    # grows. Measured on an H200 (torch 2.11) at x = -1: the fused gradient 6.4 ulps off,
+    # 3.8 with exact division (as on the CPU), F.mish's eager kernel 0.6. The eager
+    # modules keep the CPU's slack.
     slack = 4 if torch.device(device).type == "cpu" else 8
     _assert_at_least_as_accurate(case, load(case, gen_dir, fuse=True), dtype, device, slack)
 
