@@ -212,7 +212,7 @@ def test_jacfwd_equals_jacrev(module, device):
 
 
 def test_compile_matches_eager(module, device):
-    _not_inplace(module)
+    # (--inplace modules too: torch.compile, unlike the torch.func transforms, takes mark_dirty)
     torch._dynamo.reset()
     fn = functional(module)
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
