@@ -82,6 +82,16 @@ class Derivation:
     identities: tuple[str, ...] = ()
 
 
+def _elementary_or_self(expr: sympy.Expr) -> sympy.Expr:
+    """to_elementary(expr), or expr itself where SymPy cannot rebuild it: rewriting a
+    Piecewise whose condition compares a non-real value (zoo, or log of a negative
+    number) raises TypeError in SymPy 1.14 (three crashes in fuzz campaign 35)."""
+    try:
+        return to_elementary(expr)
+    except (TypeError, ValueError, ArithmeticError):
+        return expr
+
+
 def derive(parsed: Parsed) -> Derivation:
     """Differentiate every output by every input, simplify within bounds, stabilise."""
     surrogates = dict(parsed.surrogates)
@@ -89,7 +99,7 @@ def derive(parsed: Parsed) -> Derivation:
     identities: set[str] = set()
     forward = _cheaper_forms(forward, identities, parsed.spec.fuse)
     for index, expr in enumerate(forward):
-        folded = numbers_to_floats(to_elementary(expr))
+        folded = numbers_to_floats(_elementary_or_self(expr))
         if not folded.free_symbols & set(parsed.inputs):
             # The generated code uses float constants, with which SymPy decides comparisons
             # it left open exactly: Max(2, acos(1/2) - abs(x)) is 2, and (x + pi*x)/x, a
@@ -582,9 +592,40 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     )
 
 
+class _MergingPiecewise(sympy.Piecewise):
+    """A Piecewise that differentiates into successive distinct branches.
+
+    SymPy's own derivative rebuilds the Piecewise, and its fold joins successive branches
+    whose derivatives are equal (often all 0) with ``distribute_and_over_or``, which is
+    exponential in the conditions: 90 s per input on a 3-input expression in fuzz campaign
+    35. Joining them first with a plain Or leaves SymPy nothing to distribute.
+    """
+
+    def _eval_derivative(self, symbol: sympy.Symbol) -> sympy.Expr:
+        pairs: list[tuple[sympy.Expr, sympy.logic.boolalg.Boolean]] = []
+        for value, condition in self.args:
+            derivative = sympy.diff(value, symbol)
+            if pairs and pairs[-1][0] == derivative:
+                pairs[-1] = (derivative, sympy.Or(pairs[-1][1], condition))
+            else:
+                pairs.append((derivative, condition))
+        return pairs[0][0] if len(pairs) == 1 else self.func(*pairs)
+
+
+def _diff(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
+    """sympy.diff, with every Piecewise differentiated as a _MergingPiecewise."""
+    if not expr.has(sympy.Piecewise):
+        return sympy.diff(expr, symbol)
+    merging = expr.replace(
+        lambda e: type(e) is sympy.Piecewise, lambda e: _MergingPiecewise(*e.args, evaluate=False)
+    )
+    derivative = sympy.diff(merging, symbol)
+    return derivative.replace(lambda e: isinstance(e, _MergingPiecewise), lambda e: sympy.Piecewise(*e.args))
+
+
 def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
     try:
-        derivative = sympy.diff(expr, symbol)
+        derivative = _diff(expr, symbol)
         # Dirac deltas (from sign, Heaviside, Max, ...) and the derivatives of floor/ceiling are
         # zero almost everywhere, which is the gradient autograd uses for these functions.
         derivative = derivative.replace(lambda e: isinstance(e, sympy.DiracDelta), lambda e: sympy.Integer(0))

@@ -425,6 +425,33 @@ def test_grammar_reaches_every_supported_function():
 # (expression, sample seed, outcome): each failed once (crash, wrong value or wrong gradient)
 # and must now pass the same contract, or be refused with a message that says why.
 CAMPAIGN_FINDS = [
+    # Campaign 35. The constant-output check's to_elementary rebuilt a Piecewise whose
+    # condition compares a non-real value, and SymPy raised TypeError (a crash) ...
+    (
+        "Min(Piecewise((3, (xlogy(x, 2)) > (Min(x, x, x))), ((((y)**(x)) >= (log(y, 1/2))), ((x) / (x))"
+        " >= (Piecewise((y, not (not (((x) <= (y) < (y)) and ((3/2) > (x))))), (x, (y) <= (1)), (7, True)))),"
+        " (((0.5) / (y)) * ((x) / (x)), True)), ((log((7) + (y), 10)) >= (Abs(atan(x)))),"
+        " Piecewise(((sqrt(y))**(1/2), True))), sum(loggamma(-(-(((0.5) >= (x))))))",
+        845,
+        "could not find an interval",
+    ),
+    (
+        "mean(((z) / (-(Piecewise((z, (y) >= (z)), (y, (((z) >= (z)) and ((x) >= (z))) or (((z) <= (y))"
+        " and ((0) < (z)))), (1/2, True)))))**(((Piecewise((abs(y), (0) < (z)), (floor(y), True))) >"
+        " (xlogy(((x) >= (1/2)), -(1/2))))))",
+        11741,
+        "the constant xlogy(1, -1/2) has a complex value",
+    ),
+    # ... and differentiating by y and z, SymPy joined the branches whose derivatives are all
+    # 0 with distribute_and_over_or: 90 s per input (derive._MergingPiecewise). Now 0.4 s.
+    (
+        "Piecewise((x, (Piecewise((Piecewise((x, not ((not ((x) > (z))) or ((z) <= (x)))), (z, (z) <= (y)),"
+        " (y, True)), (z) < (10)), ((x) + (z), ((((x) < (z) < (0.5)) and ((2) < (10))) and ((y) < (x) < (2)))"
+        " or ((1/2) <= (y) <= (1e-3))), ((z)**(-1), True))) > (y)), (((x) > (E)), (sqrt(Min(y))) <= (((0)"
+        " + (1e-3)) * (x)) <= ((log(z, E)) + ((z) / (z)))), (-(0), True))",
+        4577740,
+        "passed",
+    ),
     # Abs of a function SymPy cannot prove real differentiates into re()/im(); cosh(im(...))
     # was printed as torch.cosh(0), a TypeError.
     ("mean(x), sum(Abs(sin(Piecewise((acosh(x), True)))))", 1667, "passed"),

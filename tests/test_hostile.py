@@ -371,3 +371,52 @@ def test_cli_full_width_caret(tmp_path):
     message, shown, caret = result.stderr.splitlines()
     assert "column 2" in message
     assert caret == "    " + "  " + "^"  # under ＋, after the two-column ｘ
+
+
+def test_piecewise_derivative_joins_equal_branches_without_distributing(monkeypatch):
+    """derive._MergingPiecewise: branches whose derivatives are equal (here all 0 by y) are
+    joined with a plain Or. SymPy's own fold runs distribute_and_over_or on them, which is
+    exponential in the conditions (90 s per input in fuzz campaign 35): it must not run."""
+    import sympy
+    from sympy.functions.elementary import piecewise
+
+    from symgrad.derive import _differentiate
+
+    x, y, z = sympy.symbols("x y z", real=True)
+    conditions = [(x > z) | (z <= y) & (y < 1), (x < z) & (z < y) | (y > 2) & (x > 1), sympy.true]
+    expr = sympy.Piecewise((x, conditions[0]), (x**2 + 1, conditions[1]), (0, conditions[2]))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("distribute_and_over_or ran")
+
+    monkeypatch.setattr(piecewise, "distribute_and_over_or", refuse)
+    assert _differentiate(expr, y) == 0
+    assert _differentiate(expr, x) == sympy.Piecewise((1, conditions[0]), (2 * x, conditions[1]), (0, True))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Piecewise((x**2, x > y), (sin(y), x < 0), (x*y, True))",
+        "Piecewise((x, x > y), (x, y < 1), (y**2, True))",  # equal successive derivatives by x
+        "Piecewise((Piecewise((x, y > 0), (2*x, True)), x > 1), (3*y, True)) * exp(x)",
+        "Piecewise((y, x > 0), (y, True)) + x",  # every branch's derivative by y is 1
+    ],
+)
+def test_piecewise_derivative_equals_sympys(text):
+    """derive._differentiate's Piecewise handling gives SymPy's derivative, at points away
+    from the branch boundaries."""
+    import random
+
+    import sympy
+
+    from symgrad.derive import _differentiate
+
+    x, y = sympy.symbols("x y", real=True)
+    expr = sympy.sympify(text, locals={"x": x, "y": y})
+    rng = random.Random(0)
+    for symbol in (x, y):
+        ours, theirs = _differentiate(expr, symbol), sympy.diff(expr, symbol)
+        for _ in range(20):
+            point = {x: rng.uniform(-3, 3), y: rng.uniform(-3, 3)}
+            assert abs(complex(ours.evalf(subs=point)) - complex(theirs.evalf(subs=point))) < 1e-12, (text, symbol, point)
