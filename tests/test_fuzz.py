@@ -428,6 +428,14 @@ CAMPAIGN_FINDS = [
     # Campaign 35. The constant-output check's to_elementary rebuilt a Piecewise whose
     # condition compares a non-real value, and SymPy raised TypeError (a crash) ...
     (
+        "Piecewise(((Piecewise(((x) / (x), True))) - ((Piecewise((x, True)))**(1/2)), not ((x) <= (0.5))),"
+        " (((Piecewise(((x) - (x), not ((x) <= (x))), ((x) - (x), not ((x) <= (x))), (log(3, 2), True)))"
+        " <= (log(x, 10))), True)), Max(Piecewise((((erf(0.5)) <= ((pi) * (0.5))), ((x) / (x)) <= (log(7, 2))),"
+        " ((-(x))**0.5, True)), log(log(-(x), 2), 2), x)",
+        72,
+        "could not find an interval",
+    ),
+    (
         "Min(Piecewise((3, (xlogy(x, 2)) > (Min(x, x, x))), ((((y)**(x)) >= (log(y, 1/2))), ((x) / (x))"
         " >= (Piecewise((y, not (not (((x) <= (y) < (y)) and ((3/2) > (x))))), (x, (y) <= (1)), (7, True)))),"
         " (((0.5) / (y)) * ((x) / (x)), True)), ((log((7) + (y), 10)) >= (Abs(atan(x)))),"
