@@ -259,12 +259,20 @@ def make_inputs(torch, module, n: int, device):
     return xs
 
 
-def synchronizer(torch, device):
-    """Waits for the device's queued kernels: an accelerator returns from a call before its
+def timer(torch, device):
+    """A function that runs ``call()`` and returns its result and seconds, waiting for the
+    device's queued kernels before and after: an accelerator returns from a call before its
     kernels run (torch.cuda, torch.xpu and torch.mps each have synchronize)."""
-    if device.type == "cpu":
-        return lambda: None
-    return getattr(torch, device.type).synchronize
+    sync = (lambda: None) if device.type == "cpu" else getattr(torch, device.type).synchronize
+
+    def timed(call):
+        sync()
+        start = time.perf_counter()
+        result = call()
+        sync()
+        return result, time.perf_counter() - start
+
+    return timed
 
 
 def variants(torch, pair):
@@ -294,16 +302,13 @@ def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwid
     try:
         xs = make_inputs(torch, pair["symgrad"], n, device)
         upstream = (torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5).to(device)
-        sync = synchronizer(torch, device)
+        timed = timer(torch, device)
         fns = variants(torch, pair)
         reference = None
         for variant, fn in fns.items():
             graphs = _compiled_graphs(torch)
-            sync()
-            start = time.perf_counter()
-            grads = step(torch, fn, xs, upstream)  # first call: compiles where it compiles
-            sync()
-            first = time.perf_counter() - start
+            # (the first call compiles where it compiles)
+            grads, first = timed(lambda: step(torch, fn, xs, upstream))
             if variant in COMPILED:
                 row.compile_s[variant] = first
             if variant == "compile" and _compiled_graphs(torch) == graphs:
@@ -329,11 +334,8 @@ def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwid
             # and allocator pattern (5-20% at 1e6): a new order each round averages that out.
             shuffle(order)
             for variant, fn in order:
-                sync()
-                start = time.perf_counter()
-                step(torch, fn, xs, upstream)
-                sync()
-                samples[variant].append((time.perf_counter() - start) * 1e3)
+                _, seconds = timed(lambda: step(torch, fn, xs, upstream))
+                samples[variant].append(seconds * 1e3)
         for variant, values in samples.items():
             row.times[variant] = (statistics.median(values), min(values), max(values))
         row.floor_ms = floor_bytes(pair["symgrad"], n) / bandwidth * 1e3
@@ -399,16 +401,10 @@ def floor_bytes(module, n: int) -> int:
 def copy_bandwidth(torch, n: int, device) -> float:
     """Bytes per second of ``dst.copy_(src)`` (read + write) at N float32 elements."""
     src, dst = torch.rand(n, device=device), torch.empty(n, device=device)
-    sync = synchronizer(torch, device)
+    timed = timer(torch, device)
     for _ in range(3):
         dst.copy_(src)
-    samples = []
-    for _ in range(20):
-        sync()
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync()
-        samples.append(time.perf_counter() - start)
+    samples = [timed(lambda: dst.copy_(src))[1] for _ in range(20)]
     return 8 * n / statistics.median(samples)
 
 
