@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ SIMPLIFY_MAX_POWER = 8
 # simplify folds them and then simplifies every branch (Piecewise(2) - Max(4 args) with a
 # nested Piecewise ran for minutes; found by the fuzz campaign).
 SIMPLIFY_MAX_BRANCHES = 8
+# ... nor on Piecewise conditions of more comparisons than this, all together.
+SIMPLIFY_MAX_COMPARISONS = 8
 # ... nor where any power has an exponent above this: trigsimp factored the speed-mode
 # second derivative of tanh(x**100), with x**198 and cosh(x**100)**-4, for minutes (found
 # by the fuzz campaign).
@@ -641,6 +644,7 @@ def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
         # lets SymPy fold cosh(0) and sinh(0) (found by the fuzz campaign: cosh(0) was printed).
         derivative = derivative.replace(lambda e: isinstance(e, sympy.re), lambda e: e.args[0])
         derivative = derivative.replace(lambda e: isinstance(e, sympy.im), lambda e: sympy.Integer(0))
+        derivative = _absolute_values(derivative)
     except (TypeError, ValueError) as exc:
         # e.g. floor(log(floor(log(x, 2)), 2)): rebuilding the derivative, SymPy subtracts two
         # relationals (found by the fuzz campaign)
@@ -650,6 +654,32 @@ def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
     if derivative.has(*_UNDEFINED):
         raise SymgradError(f"the derivative of {_shown(expr)} by {symbol} is complex or undefined: {_shown(derivative)}")
     return derivative
+
+
+def _sign_factor(product: sympy.Expr) -> sympy.Expr | None:
+    """A factor sign(u) of ``product`` whose argument u is a factor too, or None."""
+    if not product.is_Mul:
+        return None
+    return next((f for f in product.args if isinstance(f, sympy.sign) and f.args[0] in product.args), None)
+
+
+def _absolute_values(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each product u*sign(u) written as Abs(u), which it is for real u (0 at 0).
+
+    SymPy differentiates Abs(x) into sign(x) and leaves x*sign(x) as it is, so simplify could
+    not see that softsign's derivative 1/(|x| + 1) - x*sign(x)/(|x| + 1)**2 is 1/(|x| + 1)**2;
+    computed as written it cancels, 3x less accurate than F.softsign's at |x| = 1e4 in
+    float32 (found by an accuracy hunt).
+    """
+
+    def absolute(product: sympy.Expr) -> sympy.Expr:
+        sign = _sign_factor(product)
+        rest = list(product.args)
+        rest.remove(sign)
+        rest.remove(sign.args[0])
+        return sympy.Mul(*rest, sympy.Abs(sign.args[0]))
+
+    return expr.replace(lambda e: _sign_factor(e) is not None, absolute)
 
 
 # What a real, finite derivative cannot hold.
@@ -742,12 +772,26 @@ def _abstract_trig_arguments(expr: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.D
         # Next to radicals of sums or other transcendental functions, trigsimp factors over
         # algebraic extensions for minutes ((acosh(x) - x + 1)**(cosh(x) - atan(x)); found
         # by the fuzz campaign): the trig calls themselves become symbols.
-        abstracted = expr.replace(lambda n: isinstance(n, _TRIG), symbol_for)
+        def abstract(e: sympy.Expr) -> sympy.Expr:
+            return e.replace(lambda n: isinstance(n, _TRIG), symbol_for)
     else:
-        abstracted = expr.replace(
-            lambda n: isinstance(n, _TRIG) and not n.args[0].is_Atom, lambda n: n.func(symbol_for(n.args[0]))
-        )
+        def abstract(e: sympy.Expr) -> sympy.Expr:
+            return e.replace(
+                lambda n: isinstance(n, _TRIG) and not n.args[0].is_Atom, lambda n: n.func(symbol_for(n.args[0]))
+            )
+    # Until nothing changes: replacing cosh(x) inside sinh(y - cosh(x)) rebuilds it as
+    # -sinh(_arg - y), a new node the same pass does not visit, and trigsimp then ran for
+    # 100 s on one speed-mode second derivative (found by fuzz campaign 37).
+    abstracted = abstract(expr)
+    for _ in range(_ABSTRACT_MAX_PASSES):
+        again = abstract(abstracted)
+        if again == abstracted:
+            break
+        abstracted = again
     return abstracted, {dummy: value for value, dummy in symbols.items()}
+
+
+_ABSTRACT_MAX_PASSES = 8
 
 
 def _mixes_trig(expr: sympy.Expr) -> bool:
@@ -775,6 +819,15 @@ def _piecewise_branches(expr: sympy.Expr) -> int:
     return branches
 
 
+def _condition_comparisons(expr: sympy.Expr) -> int:
+    """How many comparisons the conditions of ``expr``'s Piecewise hold, repeats included."""
+    return sum(
+        sum(1 for node in sympy.preorder_traversal(condition) if isinstance(node, sympy.core.relational.Relational))
+        for piecewise in expr.atoms(sympy.Piecewise)
+        for _, condition in piecewise.args
+    )
+
+
 def _simplify_is_bounded(expr: sympy.Expr) -> bool:
     """Whether ``simplify`` runs in bounded time on ``expr`` (small, no large powers of sums)."""
     if op_count(expr) > SIMPLIFY_MAX_OPS:
@@ -792,6 +845,10 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         # A branch condition that compares with a bool (2*x < (x <= 2.5) is an ITE) or a
         # Piecewise: piecewise_simplify's interval search ran for minutes (found by the fuzz
         # campaign).
+        return False
+    if _condition_comparisons(expr) > SIMPLIFY_MAX_COMPARISONS:
+        # simplify's logic minimisation on a condition of 17 comparisons (a Piecewise inside
+        # another's condition, expanded) ran for over 10 minutes (found by fuzz campaign 37)
         return False
     if any(abs(r.q) > SIMPLIFY_MAX_DENOMINATOR for r in expr.atoms(sympy.Rational)):
         return False
@@ -1003,14 +1060,30 @@ def _real_result(fn):
     return real
 
 
-def _all_moderate(evaluate, intervals: list[tuple[float, float]]) -> bool:
-    # A Kronecker sequence: deterministic, well spread, and free of the round numbers
-    # (0, 1) where many singularities sit and through which no real sample would pass.
+def _probe_points(intervals: list[tuple[float, float]]):
+    """The probe points in a box, each with the largest size allowed there: a Kronecker
+    sequence (deterministic, well spread, and free of the round numbers (0, 1) where many
+    singularities sit and through which no real sample would pass), sizes up to
+    DOMAIN_MAX_ABS; then the corners, 1% inside, which need only be real and finite. A
+    function can fail in one corner only: log(z + 1 - tanh(z) + tanh(y)) is NaN for z
+    near -3 whatever y, and no interior probe came that close while gradcheck's samples did
+    (found by fuzz campaign 37). (A sum of 40 cubic terms is over 1000 in a corner of
+    (-3, 3)**3, and fine to sample.)"""
     steps = [math.sqrt(p) % 1 for p in (2, 3, 5, 7, 11, 13, 17, 19)]
     for k in range(1, DOMAIN_PROBES * len(intervals) + 1):
-        point = [
-            lo + (hi - lo) * ((k * steps[i % len(steps)] + 0.5 * i) % 1) for i, (lo, hi) in enumerate(intervals)
-        ]
+        point = [lo + (hi - lo) * ((k * steps[i % len(steps)] + 0.5 * i) % 1) for i, (lo, hi) in enumerate(intervals)]
+        yield point, DOMAIN_MAX_ABS
+    if len(intervals) <= DOMAIN_CORNER_MAX_INPUTS:
+        for corner in itertools.product((0.01, 0.99), repeat=len(intervals)):
+            yield [lo + (hi - lo) * f for f, (lo, hi) in zip(corner, intervals)], math.inf
+
+
+# Boxes of more inputs skip the corner probes (2**n of them).
+DOMAIN_CORNER_MAX_INPUTS = 6
+
+
+def _all_moderate(evaluate, intervals: list[tuple[float, float]]) -> bool:
+    for point, largest in _probe_points(intervals):
         try:
             values = evaluate(*point)
         except (ArithmeticError, ValueError, TypeError, AttributeError):
@@ -1021,6 +1094,6 @@ def _all_moderate(evaluate, intervals: list[tuple[float, float]]) -> bool:
                 real = complex(value)
             except (TypeError, ValueError):
                 return False
-            if real.imag != 0 or not math.isfinite(real.real) or abs(real.real) > DOMAIN_MAX_ABS:
+            if real.imag != 0 or not math.isfinite(real.real) or abs(real.real) > largest:
                 return False
     return True

@@ -878,6 +878,8 @@ class _Builder:
 # vectorised expm1 is exp(x) - 1 (5% off at x = 1e-6 in float32, 100% at 1e-30), and atanh
 # and float32 erf lose the same way; found in review. tests/test_inductor.py measures every
 # function the printer uses. A fused body calling one runs eagerly, on ATen's accurate kernel.
+# (torch 2.14.1 computes expm1 accurately; the list keeps it, since a generated file may run
+# on torch 2.13 and older.)
 INDUCTOR_INACCURATE = ("torch.atanh", "torch.expm1", "torch.special.erf")
 
 

@@ -52,6 +52,7 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
 
 from __future__ import annotations
 
+import mpmath
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
@@ -82,6 +83,7 @@ def stabilize(expr: sympy.Expr) -> sympy.Expr:
         if sympy.count_ops(factored) < sympy.count_ops(expr):
             expr = factored
     expr = _removable_singularities(expr)
+    expr = _cancellations_at_zero(expr)
     expr = _guard_piecewise(expr)
     return expr
 
@@ -276,6 +278,10 @@ def _rule_minus_one(node: sympy.Expr):
             terms[index] = 2 * constant * sympy.sin(f.args[0] / 2) ** 2
             constant = sympy.Integer(0)
             changed = True
+        elif isinstance(f, sympy.cosh) and coeff == -constant:  # c*cosh(u) - c (accuracy hunt)
+            terms[index] = 2 * coeff * sympy.sinh(f.args[0] / 2) ** 2
+            constant = sympy.Integer(0)
+            changed = True
         if constant == 0:
             break
     return sympy.Add(constant, *terms) if changed else None
@@ -388,10 +394,21 @@ def _rule_log(node: sympy.Expr):
     arg = node.args[0]
     if isinstance(arg, sigmoid):
         return -softplus(-arg.args[0])
+    if isinstance(arg, sympy.cosh):
+        return _log_cosh(arg.args[0])
+    scale, call = arg.as_coeff_Mul()
+    if isinstance(call, expm1) and scale.is_positive:
+        # log(expm1(u)) (the inverse of softplus): expm1 overflows from u = 89 in float32
+        # where the log is u; u + log(1 - exp(-u)) never does (found by an accuracy hunt).
+        # (For u < 0 both are undefined.)
+        u = call.args[0]
+        return sympy.log(scale) + u + sympy.log(-expm1(-u))
     if arg.is_Add:
         constant, rest = arg.as_coeff_Add()
-        if constant == 1 and _normalize_denominator(arg) is None:
-            return log1p(rest)  # log(1 + exp(u)) is left to the softplus rules below
+        if constant == 1 and _normalize_denominator(arg) is None and _positive_exp_sum(arg) is None:
+            # log(1 + exp(u)) is left to the softplus rules below, and log(1 + exp(a) +
+            # exp(b)) to logaddexp: as log1p it overflowed (found by an accuracy hunt)
+            return log1p(rest)
     content, primitive = arg.as_content_primitive() if arg.is_Add else (sympy.Integer(1), arg)
     if not content.is_positive:
         return None
@@ -403,6 +420,22 @@ def _rule_log(node: sympy.Expr):
         return None
     c, v, w = norm
     return sympy.log(content * c) + v + softplus(w)
+
+
+def _log_cosh(u: sympy.Expr) -> sympy.Expr:
+    """log(cosh(u)) (the log-cosh loss), finite and accurate at every u.
+
+    As written, cosh overflows from |u| = 89 in float32 (the loss is then inf where it is
+    |u| - log 2), and log of 1 + u**2/2 loses the small part near 0. Below |u| = 1, cosh(u)
+    is 1 + 2*sinh(u/2)**2 exactly, whose log1p keeps it; above, log(cosh(u)) is
+    |u| - log(2) + softplus(-2|u|), whose terms cancel by at most 4x there (found by an
+    accuracy hunt). The branches are guarded like any Piecewise (the "double where").
+    """
+    magnitude = sympy.Abs(u)
+    return sympy.Piecewise(
+        (log1p(2 * sympy.sinh(u / 2) ** 2), magnitude < 1),
+        (magnitude - sympy.log(2) + softplus(-2 * magnitude), True),
+    )
 
 
 def _size(e: sympy.Expr) -> int:
@@ -437,6 +470,14 @@ def _rule_add(node: sympy.Expr):
                 return remainder + 2 * constant * sigmoid(-2 * f.args[0])
             if isinstance(f, sigmoid) and constant == -coeff:  # c*(1 - sigmoid(u))
                 return remainder + constant * sigmoid(-f.args[0])
+            if isinstance(f, sigmoid) and constant == -coeff / 2:  # c*(1 - 2*sigmoid(u))
+                # (the sigmoid derivative's own derivative s*(1 - s)*(1 - 2*s) cancelled
+                # near 0; found by an accuracy hunt)
+                return remainder - constant * sympy.tanh(f.args[0] / 2)
+            if f.is_Pow and f.exp == -1 and isinstance(f.base, sigmoid) and constant == -coeff:
+                # c*(1/sigmoid(u) - 1): BCE's derivative by its target, log(1/sigmoid(x) - 1),
+                # was log(0) = -inf from x = 17 in float32 where it is -x (accuracy hunt)
+                return remainder + coeff * sympy.exp(-f.base.args[0])
             if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and constant == -coeff:
                 return remainder + constant * sympy.cosh(f.base.args[0]) ** -2
         if isinstance(f, softplus):  # softplus(u) == u + softplus(-u)
@@ -444,6 +485,16 @@ def _rule_add(node: sympy.Expr):
             others = rest + coeff * u  # like terms cancel as the sum is built
             if _size(others) < _size(rest):
                 return others + coeff * softplus(_expand(-u))
+        if isinstance(f, logaddexp):  # logaddexp(a, b) - a == softplus(b - a) (accuracy hunt)
+            for a, b in (f.args, f.args[::-1]):
+                # (Not for a b that is a logaddexp itself: b - a would cancel as the sum did,
+                # where _rule_exp_lse subtracts a inside it; 3-input softmax, found in review.)
+                if -coeff * a in terms and not b.has(logaddexp):
+                    return rest + coeff * a + coeff * softplus(_expand(b - a))
+        if isinstance(f, softplus):  # softplus(u) - softplus(-u) == u (0 - 0 near u = 0)
+            partner = -coeff * softplus(_expand(-f.args[0]))
+            if partner in terms:
+                return rest - partner + coeff * f.args[0]
         if isinstance(f, sigmoid):  # sigmoid(u) + sigmoid(-u) == 1
             partner = coeff * sigmoid(_expand(-f.args[0]))
             if partner in terms:
@@ -485,6 +536,29 @@ def _rule_hypot(node: sympy.Expr):
     for r in roots[1:]:
         total = hypot(total, r)
     return total**twice
+
+
+def _rule_root_excess(node: sympy.Expr):
+    """``k*sqrt(A) - k*c`` -> ``k*(A - c**2)/(sqrt(A) + c)`` for a positive number ``c``
+    where ``A - c**2`` is no larger than ``A``: ``sqrt(1 + x) - 1`` is ``x/(sqrt(1 + x) + 1)``,
+    which keeps the small part near x = 0 that the difference rounds away (found by an
+    accuracy hunt). The denominator adds two positive numbers, so it cannot cancel. (A sum
+    of squares is left to hypot_excess, which does not overflow.)"""
+    if not node.is_Add:
+        return None
+    terms = list(node.args)
+    for term in terms:
+        scale, root = term.as_coeff_Mul()
+        if not (root.is_Pow and root.exp == sympy.S.Half and root.base.is_Add):
+            continue
+        for c in (t / scale for t in terms if t.is_number and t is not term):
+            if not (-c).is_positive:
+                continue
+            smaller = _expand(root.base - c**2)
+            if _size(smaller) <= _size(root.base):
+                rest = [t for t in terms if t is not term and t != c * scale]
+                return sympy.Add(*rest, scale * smaller / (root - c))
+    return None
 
 
 def _rule_hypot_excess(node: sympy.Expr):
@@ -531,6 +605,42 @@ def _rule_xlogy(node: sympy.Expr):
     return coeff * xlogy(rest, logs[0].args[0])
 
 
+def _rule_tanh_half(node: sympy.Expr):
+    """``expm1(u)*sigmoid(-u)**k`` -> ``tanh(u/2)*sigmoid(-u)**(k - 1)``: tanh written with
+    exponentials, (exp(2x) - 1)/(exp(2x) + 1), and the derivative of exp(x)/(1 + exp(x))**2
+    are inf*0 = nan in float32 from x = 45 and x = 89 as the ratio rules leave them (found
+    by an accuracy hunt)."""
+    if not node.is_Mul:
+        return None
+    powers = dict(f.as_base_exp() for f in node.args)
+    for f in node.args:
+        if isinstance(f, expm1):
+            partner = sigmoid(_expand(-f.args[0]))
+            k = powers.get(partner)
+            if k is not None and _number(k) and k >= 1:
+                rest = [g for g in node.args if g is not f and g.as_base_exp()[0] != partner]
+                return sympy.Mul(*rest, sympy.tanh(f.args[0] / 2), partner ** (k - 1))
+    return None
+
+
+def _rule_exp_over_expm1(node: sympy.Expr):
+    """``exp(u)/expm1(u)**k`` -> ``-expm1(u)**(1 - k)/expm1(-u)``: exp(u)/(exp(u) - 1), the
+    derivative of log(exp(x) - 1) (softplus's inverse) and part of x/(exp(x) - 1)'s, is
+    inf/inf = nan from u = 89 in float32 as written, and 1/(1 - exp(-u)) is not (found by
+    an accuracy hunt)."""
+    if not node.is_Mul:
+        return None
+    powers = dict(f.as_base_exp() for f in node.args)
+    for f in node.args:
+        if isinstance(f, sympy.exp):
+            partner = expm1(f.args[0])
+            k = powers.get(partner)
+            if k is not None and _number(k) and k <= -1:
+                rest = [g for g in node.args if g is not f and g.as_base_exp()[0] != partner]
+                return -sympy.Mul(*rest, partner ** (k + 1)) / expm1(_expand(-f.args[0]))
+    return None
+
+
 _INVERSES = {sympy.atanh: sympy.tanh, sympy.asinh: sympy.sinh}
 
 
@@ -558,7 +668,10 @@ _RULES = (
     _rule_exp_lse,
     _rule_hypot,
     _rule_hypot_excess,
+    _rule_root_excess,
     _rule_xlogy,
+    _rule_tanh_half,
+    _rule_exp_over_expm1,
 )
 
 
@@ -633,6 +746,55 @@ def _removable_singularities(expr: sympy.Expr) -> sympy.Expr:
                 return made(x)
     args = tuple(_removable_singularities(a) if isinstance(a, sympy.Expr) else a for a in expr.args)
     return expr.func(*args) if args != expr.args else expr
+
+
+# -- cancellation at 0 ---------------------------------------------------------------------
+
+# Where a sum's terms cancel near 0 by more than this factor (the sum of their sizes over
+# the size of the sum, at x = 2**-10), it loses that many float32 ulps as written.
+_CANCELLATION_MAX = 16
+_CANCELLATION_MAX_OPS = 40
+
+
+def _cancellations_at_zero(expr: sympy.Expr) -> sympy.Expr:
+    """Sums in one symbol whose terms cancel near 0 become a :func:`removable` function: a
+    Taylor polynomial near 0 and the closed form elsewhere, as a removable singularity.
+
+    ``x - sin(x)``, ``x - tanh(x)`` (F.tanhshrink), ``expm1(x) - x``, ``log1p(x) - x`` and
+    ``softplus(x) - log(2)`` (SchNet's shifted softplus) are 0 near 0 in float32 as written
+    where they are x**3/6, ..., x/2 (found by an accuracy hunt). The terms in other symbols
+    stay as they are.
+    """
+    if not isinstance(expr, sympy.Expr) or expr.is_Atom or isinstance(expr, Removable):
+        return expr
+    if expr.is_Add and sympy.count_ops(expr) <= _CANCELLATION_MAX_OPS and not _explosive(expr):
+        for x in sorted(expr.free_symbols, key=lambda s: s.name):
+            group = [t for t in expr.args if t.free_symbols <= {x}]
+            if len(group) < 2 or not _cancels_near_zero(group, x):
+                continue
+            made = removable(sympy.Add(*group), x)
+            if made is not None:
+                others = [t for t in expr.args if t not in group]
+                return sympy.Add(made(x), *(_cancellations_at_zero(t) for t in others))
+    args = tuple(_cancellations_at_zero(a) if isinstance(a, sympy.Expr) else a for a in expr.args)
+    return expr.func(*args) if args != expr.args else expr
+
+
+def _cancels_near_zero(terms: list[sympy.Expr], x: sympy.Symbol) -> bool:
+    """Whether ``sum(terms)`` is over _CANCELLATION_MAX times smaller than its terms near 0."""
+    try:
+        evaluate = [sympy.lambdify(x, to_elementary(t), modules="mpmath") for t in terms]
+        with mpmath.workdps(30):
+            for point in (mpmath.mpf(2) ** -10, -(mpmath.mpf(2) ** -10)):
+                values = [mpmath.mpmathify(f(point)) for f in evaluate]
+                if not all(isinstance(v, mpmath.mpf) and mpmath.isfinite(v) for v in values):
+                    return False
+                total = abs(mpmath.fsum(values))
+                if total and mpmath.fsum(abs(v) for v in values) > _CANCELLATION_MAX * total:
+                    return True
+    except (ZeroDivisionError, ValueError, TypeError, OverflowError, ArithmeticError, MemoryError, NameError):
+        return False
+    return False
 
 
 # -- Piecewise: the double where ---------------------------------------------------------

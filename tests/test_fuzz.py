@@ -680,6 +680,23 @@ CAMPAIGN_FINDS_FUSED = [
         2,
         "compares an undefined value",
     ),
+    # Campaign 37: abstracting the trig calls before simplify replaced cosh(x) inside
+    # sinh(y - cosh(x)), which SymPy rebuilt as -sinh(cosh(x) - y), a node the same pass did
+    # not visit; trigsimp then took 100 s on a --save speed second derivative (seed 1). The
+    # abstraction now repeats until nothing changes: 1.2 s.
+    ("(cosh((cosh(x)) - (y))) * (asinh(x))", 1, "passed"),
+    # Campaign 37: the domain probes missed a corner of the box where the log's argument is
+    # negative for every y (z near -3), and gradcheck's samples landed there (NaN numerical
+    # Jacobian). The corners are probed too now.
+    ("sum(y), sum(log((tanh(-(z))) + ((tanh(y)) + ((z) + (1))), 2))", 1563, "passed"),
+    # Campaign 37: simplify minimising a Piecewise condition of 17 comparisons ran for over
+    # 10 minutes, with --fuse and without. Such conditions are not simplified: 1.1 s.
+    (
+        "Piecewise(((sinh(x)) - ((Min(x))**(3/2)), (((x)**(3/2)) - (Piecewise((0, (3) < (x) < (0.5)),"
+        " (0, (3) < (x) < (7)), (3, True)))) < (2) <= (x)), (x, True))",
+        0,
+        "passed",
+    ),
 ]
 
 
@@ -743,3 +760,36 @@ def test_domain_probe_refuses_what_it_cannot_print():
     with pytest.raises(SymgradError, match="cannot be evaluated numerically") as caught:
         sampling_domain(broken)
     assert "\n" not in str(caught.value)
+
+
+def test_trig_abstraction_reaches_calls_rebuilt_with_their_sign():
+    """derive._abstract_trig_arguments leaves no trig call for trigsimp (campaign 37): after
+    cosh(x) becomes a symbol, sinh(y - cosh(x)) is rebuilt as -sinh(_arg - y), which a second
+    pass abstracts too; the map back restores the expression."""
+    import sympy
+
+    from symgrad.derive import _TRIG, _abstract_trig_arguments
+
+    x, y = sympy.symbols("x y", real=True)
+    second = sympy.diff(sympy.cosh(sympy.cosh(x) - y) * sympy.asinh(x), x, 2)
+    abstracted, symbols = _abstract_trig_arguments(second)
+    assert not abstracted.has(*_TRIG)
+    for dummy, value in reversed(symbols.items()):
+        abstracted = abstracted.xreplace({dummy: value})
+    assert sympy.simplify(abstracted - second) == 0
+
+
+def test_simplify_skips_piecewise_conditions_of_many_comparisons():
+    """derive._simplify_is_bounded: a condition of more than SIMPLIFY_MAX_COMPARISONS
+    comparisons (repeats included) is not simplified (campaign 37); a small one is."""
+    import sympy
+
+    from symgrad.derive import SIMPLIFY_MAX_COMPARISONS, _condition_comparisons, _simplify_is_bounded
+
+    x = sympy.Symbol("x", real=True)
+    small = sympy.Piecewise((x**2, (x > 1) & (x < 3)), (x, True))
+    assert _condition_comparisons(small) == 2 and _simplify_is_bounded(small)
+    condition = sympy.And(*[sympy.Or(x < k, x > k + sympy.Rational(1, 2)) for k in range(SIMPLIFY_MAX_COMPARISONS)])
+    large = sympy.Piecewise((x**2, condition), (x, True))
+    assert _condition_comparisons(large) > SIMPLIFY_MAX_COMPARISONS
+    assert not _simplify_is_bounded(large)

@@ -70,10 +70,13 @@ def test_inductor_kernels_are_accurate_except_those_fused_bodies_avoid(dtype, de
     plan.INDUCTOR_INACCURATE (the bodies that call them run eagerly) and
     printer.COMPILED_CALLS (printed as accurate helpers).
 
-    On the CPU the inaccurate set is checked to be exactly plan.INDUCTOR_INACCURATE, so
-    that the list stays as short as torch allows. On a GPU it differs (Triton's sigmoid
-    uses a fast exp, 9.6 ulps off at 50, and its expm1, atanh and erf are accurate: seen on
-    an H200 with torch 2.11); there every inaccurate kernel must be one the bodies avoid."""
+    On the CPU with torch 2.13, where the list was measured (and CI runs), the inaccurate
+    set is checked to be exactly plan.INDUCTOR_INACCURATE, so that the list stays as short
+    as torch allows. Elsewhere it differs: torch 2.14.1's CPU expm1 is accurate, and on a
+    GPU Triton's sigmoid uses a fast exp, 9.6 ulps off at 50, while its expm1, atanh and
+    erf are accurate (seen on an H200 with torch 2.11). There every inaccurate kernel must
+    be one the bodies avoid: the list is written into generated files, which must stay
+    accurate on every torch they run on."""
     from symgrad.plan import INDUCTOR_INACCURATE
     from symgrad.printer import COMPILED_CALLS, PRINTERS
 
@@ -97,7 +100,7 @@ def test_inductor_kernels_are_accurate_except_those_fused_bodies_avoid(dtype, de
         if ulps(got) > ulps(fn(t)) + 4:
             inaccurate[name] = round(ulps(got), 1)
     avoided = set(INDUCTOR_INACCURATE) | {PRINTERS[cls](["u"]).split("(")[0] for cls in COMPILED_CALLS}
-    if torch.device(device).type == "cpu":
+    if torch.device(device).type == "cpu" and torch.__version__.split(".")[:2] == ["2", "13"]:
         expected = {name for name in INDUCTOR_INACCURATE if not (name == "torch.special.erf" and dtype == torch.float64)}
         assert set(inaccurate) == expected, inaccurate
     else:

@@ -153,6 +153,54 @@ CASES = [
     # with delta = 2. (The gradient by delta itself, were it an input, cancels near x = 0:
     # 2*d*(hypot(x/d, 1) - 1) - x**2/(d*hypot(x/d, 1)) is d*(hypot(x/d, 1) - 1)**2/hypot(x/d, 1).)
     Case("pseudo_huber_scaled", "4*(sqrt(1+(x/2)**2)-1)", lambda x: 4 * (mpmath.sqrt(1 + (x / 2) ** 2) - 1)),
+    # Found by an accuracy hunt: cosh overflows (inf from |x| = 89 in float32), and log(1 + ...)
+    # loses the small part near 0; stable._log_cosh.
+    Case("logcosh", "log(cosh(x))", lambda x: mpmath.log(mpmath.cosh(x))),
+    # Its derivative computed as 1/(1 + |x|) - x*sign(x)/(1 + |x|)**2 cancelled at large |x|
+    # (derive._absolute_values).
+    Case("softsign", "x/(1+abs(x))", lambda x: x / (1 + abs(x)), kernel=F.softsign, where=lambda x: x != 0),
+    # tanh written with exponentials: inf*0 = nan from x = 45 (stable._rule_tanh_half).
+    Case("tanh_exp", "(exp(2*x)-1)/(exp(2*x)+1)", mpmath.tanh, kernel=torch.tanh),
+    # sigmoid's derivative as users write it; its own derivative's 1 - 2*sigmoid(x) cancelled
+    # near 0 (stable._rule_add: -tanh(x/2)).
+    Case(
+        "sigmoid_derivative",
+        "sigmoid(x)*(1-sigmoid(x))",
+        lambda x: 1 / (1 + mpmath.exp(-x)) / (1 + mpmath.exp(x)),
+    ),
+    # softplus's inverse: expm1 overflows from x = 89 in float32, and its derivative
+    # exp(x)/expm1(x) is inf/inf (stable._rule_log, _rule_exp_over_expm1).
+    Case("softplus_inverse", "log(exp(x)-1)", lambda x: mpmath.log(mpmath.expm1(x)), where=lambda x: x > 0),
+    # x/(exp(x) - 1): its derivative's exp(x)/expm1(x)**2 was inf/inf = nan at x = 100.
+    Case("bernoulli", "x/(exp(x)-1)", lambda x: mpmath.mpf(1) if x == 0 else x / mpmath.expm1(x)),
+    # cancellations: sqrt(1 + x) - 1 (stable._rule_root_excess), cosh(x) - 1 (_rule_minus_one)
+    Case("sqrt1p_minus_1", "sqrt(1+x)-1", lambda x: mpmath.sqrt(1 + x) - 1, where=lambda x: x > -1),
+    Case("cosh_minus_1", "cosh(x)-1", lambda x: mpmath.cosh(x) - 1),
+    # logaddexp(a, b) - a is softplus(b - a); log(1 + exp(a) + exp(b)) was log1p, which overflowed
+    Case(
+        "logaddexp_minus_a",
+        "log(exp(a)+exp(b))-a",
+        lambda a, b: mpmath.log(mpmath.exp(a) + mpmath.exp(b)) - a,
+        inputs=("a", "b"),
+    ),
+    Case(
+        "logsumexp_with_one",
+        "log(1+exp(a)+exp(b))",
+        lambda a, b: mpmath.log(1 + mpmath.exp(a) + mpmath.exp(b)),
+        inputs=("a", "b"),
+    ),
+    # sums that cancel near 0, as a Taylor polynomial there (stable._cancellations_at_zero).
+    # (Not at 0 itself, where their gradient is 0 and the central difference of the truth
+    # is not: h**2/6 for x - sin(x). 1e-30 is in the Taylor branch.)
+    Case("x_minus_sin", "x-sin(x)", lambda x: x - mpmath.sin(x), where=lambda x: x != 0),
+    Case("tanhshrink", "x-tanh(x)", lambda x: x - mpmath.tanh(x), kernel=F.tanhshrink, where=lambda x: x != 0),
+    Case("expm1_minus_x", "exp(x)-1-x", lambda x: mpmath.expm1(x) - x, where=lambda x: x != 0),
+    Case("log1p_minus_x", "log(1+x)-x", lambda x: mpmath.log1p(x) - x, where=lambda x: x > -1 and x != 0),
+    Case(
+        "shifted_softplus",
+        "log(1+exp(x))-log(2)",
+        lambda x: mpmath.log(1 + mpmath.exp(x)) - mpmath.log(2),
+    ),
     Case(
         "piecewise_sqrt",
         "Piecewise((sqrt(x), x>0), (0, True))",
@@ -486,6 +534,28 @@ EQUALITY_EXPRS = [
     sympy.Piecewise((sympy.sqrt(X), (X > 0) & (X < 4)), (sympy.log(X), X >= 4), (X, True)),
     sympy.Piecewise((0, X <= 1), (sympy.sqrt(X - 1), True)),
     sympy.atanh(sympy.tanh(X / Y)) + sympy.asinh(sympy.sinh(X)),
+    sympy.log(sympy.cosh(X)),
+    Y * sympy.log(sympy.cosh(X / Y)),
+    1 - 2 * sf.sigmoid(X),
+    3 / sf.sigmoid(X) - 3 + Y,
+    sympy.log(1 / sf.sigmoid(X) - 1),
+    sf.softplus(X) - sf.softplus(-X) + Y,
+    (sympy.exp(2 * X) - 1) / (sympy.exp(2 * X) + 1),
+    expm1(X) * sf.sigmoid(-X) ** 2 * Y,
+    sympy.log(sympy.exp(X) - 1),
+    sympy.log(3 * sympy.exp(X) - 3) + Y,
+    sympy.sqrt(1 + X) - 1,
+    3 * sympy.sqrt(4 + X**2 + Y) - 6,
+    sympy.cosh(X) - 1,
+    2 - 2 * sympy.cosh(X * Y),
+    sympy.log(sympy.exp(X) + sympy.exp(Y)) - X,
+    2 * sympy.log(sympy.exp(X) + sympy.exp(Y)) - 2 * Y,
+    sympy.log(1 + sympy.exp(X) + sympy.exp(Y)),
+    sympy.exp(X) / (sympy.exp(X) - 1),
+    sympy.diff(X / (sympy.exp(X) - 1), X),
+    X - sympy.sin(X) + Y,
+    sympy.exp(X) - 1 - X,
+    sympy.log(1 + sympy.exp(X)) - sympy.log(2),
 ]
 PIECEWISE_EXPRS = [e for e in EQUALITY_EXPRS if e.has(sympy.Piecewise)]
 
@@ -920,3 +990,78 @@ def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir, device)
         for p, got in zip(torch.tensor(points, dtype=dtype).tolist(), values):
             want = mpmath.sqrt(1 + mpmath.mpf(p) ** 2) - 1
             assert abs(got - want) <= 2 * torch.finfo(dtype).eps * want + torch.finfo(dtype).tiny, (dtype, p, got)
+
+
+def test_rewrites_found_by_the_accuracy_hunt_reach_their_forms():
+    """The exact identities an accuracy hunt over 77 delicate formulas asked for (each is
+    also in EQUALITY_EXPRS, and the formulas in CASES are held to mpmath)."""
+    x, s = X, sf.sigmoid
+    # BCE written with sigmoids: its derivative by the target, log(1/sigmoid(x) - 1), is -x
+    # (log(0) = -inf from x = 17 in float32), and softplus(x) - softplus(-x) is x (0 - 0 near 0).
+    assert stabilize(sympy.log(1 / s(x) - 1)) == -x
+    assert stabilize(2 / s(x) - 2) == 2 * sympy.exp(-x)
+    assert stabilize(sf.softplus(x) - sf.softplus(-x) + Y) == x + Y
+    bce = -(Y * sympy.log(s(x)) + (1 - Y) * sympy.log(1 - s(x)))
+    assert stabilize(sympy.diff(bce, Y)) == -x
+    # 1 - 2*sigmoid(u) is -tanh(u/2); expm1(u)*sigmoid(-u) is tanh(u/2)
+    assert stabilize(1 - 2 * s(x)) == -sympy.tanh(x / 2)
+    assert stabilize(3 - 6 * s(2 * x)) == -3 * sympy.tanh(x)
+    assert stabilize(1 - s(x)) == s(-x)  # (the older rule still wins where it applies)
+    assert stabilize((sympy.exp(2 * x) - 1) / (sympy.exp(2 * x) + 1)) == sympy.tanh(x)
+    assert stabilize(expm1(x) * s(-x) ** 2 * Y) == Y * sympy.tanh(x / 2) * s(-x)
+    assert stabilize(expm1(x) * s(x)) == expm1(x) * s(x)  # not the pair: left alone
+    # softplus's inverse, and exp(u)/expm1(u) (its derivative)
+    assert stabilize(sympy.log(sympy.exp(x) - 1)) == x + sympy.log(-expm1(-x))
+    assert stabilize(sympy.exp(x) / (sympy.exp(x) - 1)) == -1 / expm1(-x)
+    # cancellations: a root minus a number, cosh minus 1, logaddexp minus an argument
+    assert stabilize(sympy.sqrt(1 + x) - 1) == x / (sympy.sqrt(1 + x) + 1)
+    assert stabilize(sympy.sqrt(2 + x) - 3) == (x - 7) / (sympy.sqrt(2 + x) + 3)  # (exact x - 7 near 7)
+    assert stabilize(sympy.sqrt(1 + x) + 1) == sympy.sqrt(1 + x) + 1  # nothing cancels
+    assert stabilize(sympy.cosh(x) - 1) == 2 * sympy.sinh(x / 2) ** 2
+    assert stabilize(sympy.log(sympy.exp(x) + sympy.exp(Y)) - x) == sf.softplus(Y - x)
+    # ... but not where the other argument is a logaddexp: y - logaddexp(logaddexp(x, z), y)
+    # would subtract two large values (a 3-input softmax at 1e4; found in review)
+    a, b, c = sympy.symbols("a b c", real=True)
+    softmax = sympy.exp(c) / (sympy.exp(a) + sympy.exp(b) + sympy.exp(c))
+    for node in sympy.preorder_traversal(stabilize(softmax)):
+        if node.is_Add:
+            has_lse = any(isinstance(t, sf.logaddexp) or isinstance(-t, sf.logaddexp) for t in node.args)
+            assert not (has_lse and any(t.is_Symbol or (-t).is_Symbol for t in node.args)), node
+    assert stabilize(sympy.log(1 + sympy.exp(x) + sympy.exp(Y))).has(sf.logaddexp)
+    # log(cosh(u)): two branches, neither of which overflows or cancels
+    logcosh = stabilize(sympy.log(sympy.cosh(x)))
+    assert logcosh.has(sympy.Piecewise) and not logcosh.has(sympy.cosh)
+
+
+def test_log_cosh_is_finite_where_cosh_overflows(gen_dir, device):
+    """log(cosh(x)) in float16/bfloat16 too (cosh overflows float16 from |x| = 11.8), and
+    its double backward is finite on both sides of the branch at |x| = 1."""
+    module = load(next(c for c in CASES if c.name == "logcosh"), gen_dir)
+    points = [0.0, 1e-3, -0.999, 1.0, -1.001, 20.0, -300.0, 6e4]
+    for dtype in (torch.float16, torch.bfloat16):
+        values = apply(module, torch.tensor(points, dtype=dtype, device=device)).tolist()
+        for p, got in zip(torch.tensor(points, dtype=dtype).tolist(), values):
+            want = float(mpmath.log(mpmath.cosh(mpmath.mpf(p))))
+            assert abs(got - want) <= 4 * torch.finfo(dtype).eps * abs(want) + torch.finfo(dtype).tiny, (dtype, p, got)
+    x = torch.tensor([0.5, -0.999, 1.0, -1.5, 200.0], dtype=torch.float64, device=device, requires_grad=True)
+    (grad,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(grad.sum(), x)
+    assert torch.allclose(grad, torch.tanh(x.detach()))
+    assert torch.allclose(second, 1 / torch.cosh(x.detach()) ** 2)
+
+
+def test_sums_that_cancel_near_zero_become_taylor_polynomials_there():
+    """stable._cancellations_at_zero: only the terms in one symbol that cancel near 0 (by
+    over 16x at 2**-10) become a Removable; sums that do not cancel stay as they are."""
+    x = X
+    assert isinstance(stabilize(x - sympy.sin(x)), sf.Removable)
+    mixed = stabilize(Y + x - sympy.sin(x))
+    assert mixed.is_Add and Y in mixed.args and any(isinstance(t, sf.Removable) for t in mixed.args)
+    large = (
+        sympy.sin(x) * sympy.exp(-(x**2) / 2) + x**3 / (1 + x**2) + sympy.tanh(x) * sympy.log(1 + x**2)
+        + sympy.sqrt(1 + x**2) * sympy.cos(2 * x) + x**4 / 24 - x / 3
+    )
+    for calm in (sympy.sqrt(x) + 1 / x, x + sympy.sin(x), sympy.exp(x) + x * Y, large):
+        assert not stabilize(calm).has(sf.Removable), calm
+    # x*log(x) - x cancels nowhere near 0 analytically: no Taylor series, left alone
+    assert not stabilize(sf.xlogy(x, x) - x).has(sf.Removable)
