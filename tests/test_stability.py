@@ -189,18 +189,6 @@ CASES = [
         lambda a, b: mpmath.log(1 + mpmath.exp(a) + mpmath.exp(b)),
         inputs=("a", "b"),
     ),
-    # sums that cancel near 0, as a Taylor polynomial there (stable._cancellations_at_zero).
-    # (Not at 0 itself, where their gradient is 0 and the central difference of the truth
-    # is not: h**2/6 for x - sin(x). 1e-30 is in the Taylor branch.)
-    Case("x_minus_sin", "x-sin(x)", lambda x: x - mpmath.sin(x), where=lambda x: x != 0),
-    Case("tanhshrink", "x-tanh(x)", lambda x: x - mpmath.tanh(x), kernel=F.tanhshrink, where=lambda x: x != 0),
-    Case("expm1_minus_x", "exp(x)-1-x", lambda x: mpmath.expm1(x) - x, where=lambda x: x != 0),
-    Case("log1p_minus_x", "log(1+x)-x", lambda x: mpmath.log1p(x) - x, where=lambda x: x > -1 and x != 0),
-    Case(
-        "shifted_softplus",
-        "log(1+exp(x))-log(2)",
-        lambda x: mpmath.log(1 + mpmath.exp(x)) - mpmath.log(2),
-    ),
     Case(
         "piecewise_sqrt",
         "Piecewise((sqrt(x), x>0), (0, True))",
@@ -1048,20 +1036,30 @@ def test_log_cosh_is_finite_where_cosh_overflows(gen_dir, device):
     (second,) = torch.autograd.grad(grad.sum(), x)
     assert torch.allclose(grad, torch.tanh(x.detach()))
     assert torch.allclose(second, 1 / torch.cosh(x.detach()) ** 2)
+    # The Piecewise itself is differentiated where it is a gradient: y*log(cosh(x)) by y. Its
+    # branches are guarded, so the branch not taken (sinh(x/2)**2 overflows from |x| = 179 in
+    # float32) leaks no NaN into d(grad_y)/dx = tanh(x) (found in review).
+    source = generate_source("y*log(cosh(x))", "ScaledLogCosh")
+    namespace: dict = {}
+    exec(compile(source, "scaled_log_cosh", "exec"), namespace)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor([0.3, -2.0, 200.0, -1500.0], dtype=dtype, device=device, requires_grad=True)
+        y = torch.ones_like(x, requires_grad=True)
+        (grad_y,) = torch.autograd.grad(namespace["scaled_log_cosh"](x, y).sum(), y, create_graph=True)
+        (cross,) = torch.autograd.grad(grad_y.sum(), x)
+        assert torch.allclose(cross, torch.tanh(x.detach())), (dtype, cross)
 
 
-def test_sums_that_cancel_near_zero_become_taylor_polynomials_there():
-    """stable._cancellations_at_zero: only the terms in one symbol that cancel near 0 (by
-    over 16x at 2**-10) become a Removable; sums that do not cancel stay as they are."""
-    x = X
-    assert isinstance(stabilize(x - sympy.sin(x)), sf.Removable)
-    mixed = stabilize(Y + x - sympy.sin(x))
-    assert mixed.is_Add and Y in mixed.args and any(isinstance(t, sf.Removable) for t in mixed.args)
-    large = (
-        sympy.sin(x) * sympy.exp(-(x**2) / 2) + x**3 / (1 + x**2) + sympy.tanh(x) * sympy.log(1 + x**2)
-        + sympy.sqrt(1 + x**2) * sympy.cos(2 * x) + x**4 / 24 - x / 3
-    )
-    for calm in (sympy.sqrt(x) + 1 / x, x + sympy.sin(x), sympy.exp(x) + x * Y, large):
-        assert not stabilize(calm).has(sf.Removable), calm
-    # x*log(x) - x cancels nowhere near 0 analytically: no Taylor series, left alone
-    assert not stabilize(sf.xlogy(x, x) - x).has(sf.Removable)
+def test_nested_log_cosh_builds_quickly():
+    """stable._rule_log leaves log(cosh(u)) alone for a u holding a Piecewise (an inner
+    log-cosh): its form repeats u, and nested four deep it took 70 s (found in review)."""
+    import time
+
+    u = X
+    for _ in range(4):
+        u = sympy.log(sympy.cosh(u))
+    start = time.perf_counter()
+    stable = stabilize(u)
+    assert time.perf_counter() - start < 30  # (a hang guard, not a timing: 0.1 s here)
+    assert sympy.count_ops(stable) < 100
+
