@@ -557,13 +557,13 @@ def _rule_root_excess(node: sympy.Expr):
             # A that overflows makes the quotient inf/inf = nan where the difference was inf
             # (sqrt(exp(x) + 3) - 1 at x = 100 in float32; found in review)
             continue
-        for c in (t / scale for t in terms if t.is_number and t is not term):
-            if not (-c).is_positive:
+        for minus_c in (t / scale for t in terms if t.is_number and t is not term):
+            if not (-minus_c).is_positive:
                 continue
-            smaller = _expand(root.base - c**2)
+            smaller = _expand(root.base - minus_c**2)
             if _size(smaller) <= _size(root.base):
-                rest = [t for t in terms if t is not term and t != c * scale]
-                return sympy.Add(*rest, scale * smaller / (root - c))
+                rest = [t for t in terms if t is not term and t != minus_c * scale]
+                return sympy.Add(*rest, scale * smaller / (root - minus_c))
     return None
 
 
