@@ -482,21 +482,20 @@ def _rule_add(node: sympy.Expr):
                 return remainder + coeff * sympy.exp(-f.base.args[0])
             if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and constant == -coeff:
                 return remainder + constant * sympy.cosh(f.base.args[0]) ** -2
-        if isinstance(f, softplus):  # softplus(u) == u + softplus(-u)
+        if isinstance(f, softplus):
             u = f.args[0]
-            others = rest + coeff * u  # like terms cancel as the sum is built
+            others = rest + coeff * u  # softplus(u) == u + softplus(-u); like terms cancel
             if _size(others) < _size(rest):
                 return others + coeff * softplus(_expand(-u))
+            partner = -coeff * softplus(_expand(-u))  # softplus(u) - softplus(-u) == u (0 - 0 near 0)
+            if partner in terms:
+                return rest - partner + coeff * u
         if isinstance(f, logaddexp):  # logaddexp(a, b) - a == softplus(b - a) (accuracy hunt)
             for a, b in (f.args, f.args[::-1]):
                 # (Not for a b that is a logaddexp itself: b - a would cancel as the sum did,
                 # where _rule_exp_lse subtracts a inside it; 3-input softmax, found in review.)
                 if -coeff * a in terms and not b.has(logaddexp):
                     return rest + coeff * a + coeff * softplus(_expand(b - a))
-        if isinstance(f, softplus):  # softplus(u) - softplus(-u) == u (0 - 0 near u = 0)
-            partner = -coeff * softplus(_expand(-f.args[0]))
-            if partner in terms:
-                return rest - partner + coeff * f.args[0]
         if isinstance(f, sigmoid):  # sigmoid(u) + sigmoid(-u) == 1
             partner = coeff * sigmoid(_expand(-f.args[0]))
             if partner in terms:
