@@ -19,6 +19,7 @@ from .errors import SymgradError
 from .inplace import reuse_buffers
 from .naming import RESERVED, Namer, check_class_name
 from .printer import COMPILED_HELPERS, numbers_to_floats, print_torch
+from .stable_functions import Removable, TaylorPolynomial
 
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is
@@ -267,9 +268,10 @@ class _Builder:
         return print_torch(expr, self.names.symbols, self.reference, compiled=self.p.spec.fuse)
 
     def cse(self, exprs: list[sympy.Expr]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], list[sympy.Expr]]:
-        exprs = [numbers_to_floats(e) for e in exprs]
-        temps, reduced = sympy.cse(exprs, symbols=_SymbolStream(self.names), order="canonical")
-        return temps, reduced
+        exprs = [numbers_to_floats(_expand_removables(e)) for e in exprs]
+        stream = _SymbolStream(self.names)
+        temps, reduced = sympy.cse(exprs, symbols=stream, order="canonical")
+        return _name_series_arguments(temps, reduced, stream)
 
     def tensorize(self, exprs: list[sympy.Expr], reference: str) -> list[str]:
         """Lines converting number params to tensors where a torch function needs one."""
@@ -1015,6 +1017,38 @@ class _SymbolStream:
         symbol = sympy.Symbol(f"_cse_{name}", real=True)
         self._names.symbols[symbol] = name
         return symbol
+
+
+def _expand_removables(expr: sympy.Expr) -> sympy.Expr:
+    """Each Removable as its guarded Piecewise, so that CSE shares the mask and the guarded
+    arguments (printed on its own, a Removable repeats them in every term)."""
+    return expr.replace(lambda node: isinstance(node, Removable), lambda node: type(node).expanded(node.args[0]))
+
+
+def _name_series_arguments(temps, reduced, stream: _SymbolStream):
+    """Give each Taylor polynomial's argument a temporary of its own, defined before its
+    first use: the polynomial prints its argument once per term, and CSE leaves in place
+    a subexpression that occurs only once (the guarded ``x`` of a Removable)."""
+    named: dict[sympy.Expr, sympy.Symbol] = {}
+    ordered: list[tuple[sympy.Symbol, sympy.Expr]] = []
+
+    def with_named_argument(node: sympy.Expr) -> sympy.Expr:
+        argument = node.args[0]
+        if argument.is_Symbol:
+            return node
+        if argument not in named:
+            named[argument] = next(stream)
+            ordered.append((named[argument], argument))
+        return type(node)(named[argument])
+
+    def rewrite(expr: sympy.Expr) -> sympy.Expr:
+        return expr.replace(lambda node: isinstance(node, TaylorPolynomial), with_named_argument)
+
+    for temp, expr in temps:
+        expr = rewrite(expr)
+        ordered.append((temp, expr))
+    reduced = [rewrite(expr) for expr in reduced]
+    return ordered, reduced
 
 
 def _temp_users(temps, reduced, groups: list[int]) -> dict[sympy.Symbol, set[int]]:

@@ -382,18 +382,64 @@ class Removable(StableFunction):
         return printer._print(self.elementary())
 
     @classmethod
+    def expanded(cls, x: sympy.Expr) -> sympy.Expr:
+        """The Taylor polynomial where ``|x| < eps``, the closed form elsewhere, each at a
+        guarded argument.
+
+        Both arguments are guarded, not only the closed form's: the polynomial's powers
+        (up to ``x**36``) overflow for large ``|x|``, and the double backward then
+        multiplied ``torch.where``'s zero by inf (NaN, for ``sin(x)/x`` at ``|x| = 300``
+        in float32). The plan expands every Removable so that CSE computes the mask and
+        the guarded arguments once.
+        """
+        near = sympy.Abs(x) < cls.eps
+        series = cls.series()(guard(x, near, sympy.Float(0)))
+        closed = cls.closed.xreplace({_T: guard(x, sympy.Abs(x) >= cls.eps, sympy.Float(cls.eps))})
+        return sympy.Piecewise((series, near), (closed, True))
+
+    @classmethod
+    def series(cls) -> type:
+        """The Taylor polynomial alone, as a function printed like the series it is."""
+        made = cls.__dict__.get("_series")
+        if made is None:
+            made = type(cls.__name__ + "_series", (TaylorPolynomial,), {"coeffs": cls.coeffs, "__module__": __name__})
+            cls._series = made
+        return made
+
+    @classmethod
     def torch_code(cls, printer, args: list[str]) -> str:
-        """Taylor polynomial for ``|x| < eps``, closed form at a guarded argument elsewhere."""
+        """:meth:`expanded`, printed (the plan expands Removables before CSE instead)."""
         (x,) = args
-        eps = repr(cls.eps)
-        mask = f"torch.abs({x}) < {eps}"
-        safe = f"torch.where({mask}, {eps}, {x})"
         from .printer import numbers_to_floats  # printer imports this module
 
-        closed = printer.__class__({**printer._names, _T: safe}, printer._reference).doprint(
-            numbers_to_floats(cls.closed)
-        )
-        return f"torch.where({mask}, {_polynomial_text(cls.coeffs, x)}, {closed})"
+        placeholder = sympy.Dummy("removable_argument", real=True)
+        bound = printer.__class__({**printer._names, placeholder: x}, printer._reference)
+        return bound.doprint(numbers_to_floats(cls.expanded(placeholder)))
+
+
+class TaylorPolynomial(StableFunction):
+    """Base of the generated classes ``c0 + c1*x + c2*x**2 + ...`` (a Removable's series).
+
+    A function rather than a SymPy sum, so that SymPy neither pushes the powers into the
+    guard's Piecewise nor reorders the terms: it prints lowest degree first, like the
+    series.
+    """
+
+    nargs = 1
+    coeffs: tuple[float, ...]
+
+    @classmethod
+    def _imp_(cls, x):
+        return _horner_mp([mpmath.mpf(c) for c in cls.coeffs], mpmath.mpmathify(x))
+
+    def elementary(self):
+        x = self.args[0]
+        return sympy.Add(*(sympy.Float(c) * x**n for n, c in enumerate(type(self).coeffs) if c))
+
+    @classmethod
+    def torch_code(cls, printer, args: list[str]) -> str:
+        (x,) = args
+        return _polynomial_text(cls.coeffs, x)
 
 
 _LAMBDIFIED: dict[type, object] = {}

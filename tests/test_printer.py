@@ -211,6 +211,11 @@ def test_removable_prints_a_guarded_series_and_closed_form():
     assert isinstance(expr, sf.Removable)
     code = print_torch(expr, NAMES)
     assert code.count("torch.where") >= 2 and "torch.sin" in code
+    # Both branches are evaluated at a guarded argument: the series' powers overflow far
+    # from 0, and torch.where's backward would multiply its zero by them.
+    eps = repr(type(expr).eps)
+    assert f"torch.where(torch.abs(x) < {eps}, x, 0.0)" in code
+    assert f"torch.where(torch.abs(x) >= {eps}, x, {eps})" in code
     for point in [0.0, 1e-30, 1e-5, 0.3, 0.49999, 0.5, 0.7, 30.0]:
         _, result, _, _ = run(expr, point)
         want = 1.0 if point == 0 else math.sin(point) / point

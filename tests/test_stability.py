@@ -470,6 +470,28 @@ def test_removable_singularity_second_derivative_at_zero(gen_dir, device):
                 assert abs(gg[k].item() - want2) <= tol * abs(want2) * 4
 
 
+@pytest.mark.parametrize("save, fuse", [("memory", False), ("speed", False), ("memory", True)])
+def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, save, fuse):
+    # The Taylor polynomial's powers (x**17 in the gradient) overflow where it is not taken:
+    # unguarded, double backward multiplied torch.where's zero by inf (NaN at |x| = 300 in
+    # float32). Its argument is guarded now, like the closed form's.
+    module = load(next(c for c in CASES if c.name == "sinc"), gen_dir, save=save, fuse=fuse)
+    for dtype, points, tol in (
+        (torch.float32, [300.0, -1e4, 3e7, 0.7], 1e-5),
+        (torch.float64, [300.0, -1e4, 3e7, 1e200, 0.7], 1e-12),
+    ):
+        x = torch.tensor(points, dtype=dtype, device=device, requires_grad=True)
+        (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.sum(), x)
+        assert torch.isfinite(gg).all(), (dtype, gg)
+        with mpmath.workdps(DPS):
+            for k, p in enumerate(x.tolist()):  # the point as the dtype holds it
+                p = mpmath.mpf(p)
+                want = (2 * mpmath.sin(p) - 2 * p * mpmath.cos(p) - p**2 * mpmath.sin(p)) / p**3
+                # Relative to the size of the terms (sin(x)/x), not to a value that may cancel.
+                assert abs(gg[k].item() - want) <= tol * max(1 / abs(p), abs(want)), (dtype, p)
+
+
 # -- the rewrite rules preserve exact equality ---------------------------------------------
 
 X, Y = sympy.symbols("x y", real=True)
