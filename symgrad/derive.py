@@ -12,6 +12,7 @@ import sympy
 from sympy.printing.pycode import MpmathPrinter
 
 from .errors import SymgradError
+from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .stable import stabilize
@@ -558,6 +559,10 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 continue
             if not _shares_work(derivation.forward, gradient, fused=parsed.spec.fuse):
                 continue
+            if whole_gradient_kernel(parsed.spec, parsed.inputs, parsed.params, _terms_reaching(derivation, j)):
+                # One ATen kernel computes it in backward (symgrad.kernels): faster than
+                # computing it in forward and multiplying, and nothing more is saved.
+                continue
             raw = derivation.raw_gradients[i][j]
             row_identities: set[str] = set()
             try:
@@ -593,6 +598,15 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         documented_gradients=derivation.documented_gradients,
         identities=tuple(sorted(identities)),
     )
+
+
+def _terms_reaching(derivation: Derivation, j: int) -> list[tuple[sympy.Expr, str | None]]:
+    """(derivative, reduction) of each differentiable output whose gradient reaches input j."""
+    return [
+        (row[j], output.reduction)
+        for row, output, constant in zip(derivation.gradients, derivation.parsed.outputs, derivation.nondifferentiable)
+        if not constant and row[j] != 0
+    ]
 
 
 class _MergingPiecewise(sympy.Piecewise):

@@ -17,6 +17,7 @@ import sympy
 from .derive import IDENTITIES, Derivation, op_count, with_derivatives_as_outputs
 from .errors import SymgradError
 from .inplace import reuse_buffers
+from .kernels import whole_gradient_kernel
 from .naming import RESERVED, Namer, check_class_name
 from .printer import COMPILED_HELPERS, numbers_to_floats, print_torch
 from .stable_functions import Removable, TaylorPolynomial
@@ -604,15 +605,31 @@ class _Builder:
                 continue
             lines.append(f"if {self.ctx_ref('needs_input_grad')}[{j}]:")
             own = [(t, e) for t, e in temps if users[t] == {j}]
-            lines += [f"{INDENT}{self.name(t)} = {self.code(e)}" for t, e in own]
+            body = [f"{self.name(t)} = {self.code(e)}" for t, e in own]
             if self.broadcasts:
                 # Each term is reduced on its own: outputs can have different shapes (exp(y) and
                 # x*y), and a smaller term broadcast into a sum first would be counted repeatedly.
                 shape = self.ctx_ref(self.name(symbol) + "_shape")
                 terms = [f"({term}).sum_to_size({shape})" for term in terms]
-            lines.append(f"{INDENT}{grad} = {' + '.join(terms)}")
+            body.append(f"{grad} = {' + '.join(terms)}")
+            kernel = self.first_order_kernel(j)
+            if kernel is not None:
+                body = _first_order_branch(grad, kernel, body)
+            lines += [INDENT + line for line in body]
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
+
+    def first_order_kernel(self, j: int) -> str | None:
+        """The call of an ATen backward kernel (symgrad.kernels) that computes input ``j``'s
+        whole gradient, or None."""
+        if self.pure:
+            return None
+        live = [i for i in range(self.n_out) if self.live[i] and self.rows[i][j] != 0]
+        terms = [(self.rows[i][j], self.outputs[i].reduction) for i in live]
+        found = whole_gradient_kernel(self.p.spec, self.inputs, self.params, terms)
+        if found is None:
+            return None
+        return found.code(self.names.grad_outputs[live[0]], lambda e: self.code(numbers_to_floats(e)))
 
     def speed_backward(self, saved: list[sympy.Symbol], with_unpack: bool) -> Method:
         """--save speed: multiply by the derivatives forward returned; differentiate them again
@@ -1017,6 +1034,19 @@ class _SymbolStream:
         symbol = sympy.Symbol(f"_cse_{name}", real=True)
         self._names.symbols[symbol] = name
         return symbol
+
+
+def _first_order_branch(grad: str, kernel: str, formula: list[str]) -> list[str]:
+    """A gradient's lines: the kernel's call unless autograd records backward (double
+    backward), the formula then."""
+    return [
+        "if not torch.is_grad_enabled():",
+        f"{INDENT}# First order: ATen's fused kernel for this derivative, one pass over memory.",
+        f"{INDENT}{grad} = {kernel}",
+        "else:",
+        f"{INDENT}# create_graph=True: the formula, which double backward differentiates exactly.",
+        *(INDENT + line for line in formula),
+    ]
 
 
 def _expand_removables(expr: sympy.Expr) -> sympy.Expr:

@@ -414,6 +414,46 @@ def _assert_at_least_as_accurate(case, module, dtype, device, slack_ulps=4):
     assert not worse, f"{case.name} ({dtype}) is less accurate than torch at {worse}"
 
 
+# Modules whose first-order backward calls an ATen kernel (symgrad.kernels) while autograd
+# does not record, and the formula under create_graph=True.
+FIRST_ORDER_KERNEL_CASES = [c for c in CASES if c.name in ("softplus", "silu", "silu_simplified", "sigmoid")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("case", FIRST_ORDER_KERNEL_CASES, ids=[c.name for c in FIRST_ORDER_KERNEL_CASES])
+def test_first_order_kernel_and_formula_both_match_exact_math(case, dtype, gen_dir, device):
+    """The kernel (create_graph=False) gives the exact gradient in every dtype (its
+    half-precision code computes in float32), and so does the formula (create_graph=True),
+    on 16 copies of each point: ATen's vectorised code as well as its scalar code."""
+    module = load(case, gen_dir)
+    assert "torch.ops.aten." in Path(module.__file__).read_text(), "no kernel branch: update the list"
+    rtol = {torch.float16: 4 * 2.0**-10, torch.bfloat16: 4 * 2.0**-7}.get(dtype) or case.rtol.get(dtype, RTOL[dtype])
+    points = points_for(case, dtype)
+    x = torch.tensor([p for (p,) in points], dtype=dtype, device=device).repeat_interleave(16).requires_grad_()
+    # (The formulas are held to the exact values in float32 and float64, like every module's:
+    # in half precision silu_simplified's (1 + x) - s*x cancels at x = 1e4.)
+    for create_graph in (False, True) if dtype in (torch.float32, torch.float64) else (False,):
+        (grad,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=create_graph)
+        bad = []
+        for i, (point,) in enumerate(points):
+            _, (want,) = truth(case, (point,))
+            if abs(want) > torch.finfo(dtype).max:
+                continue
+            worst = max(_relative_error_in(grad[k].item(), want, dtype) for k in range(16 * i, 16 * i + 16))
+            if worst > rtol:
+                bad.append((point, worst))
+        assert not bad, f"{case.name} ({dtype}, create_graph={create_graph}): relative errors above {rtol} at {bad}"
+
+
+def _relative_error_in(got: float, want, dtype) -> float:
+    """rel_error, with the smallest normal number of ``dtype`` as the floor (half precision
+    flushes the tails of these gradients to subnormals)."""
+    got = mpmath.mpf(got) if got == got and abs(got) != float("inf") else None
+    if got is None:
+        return float("inf")
+    return float(abs(got - want) / max(abs(want), mpmath.mpf(torch.finfo(dtype).tiny) / 2.0**-10))
+
+
 def test_torch_sigmoid_gradient_is_inexact_where_ours_is_exact(gen_dir):
     """The motivating example: torch's float32 sigmoid gradient at 20 is 0, not 2.06e-9."""
     module = load(next(c for c in CASES if c.name == "sigmoid"), gen_dir)
