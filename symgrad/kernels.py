@@ -30,6 +30,7 @@ from .stable_functions import sigmoid
 _PROBES = (0.3719, -1.2041, 2.3307, -0.4391, 1.7713)
 _PROBE_DIGITS = 50
 _AGREEMENT = sympy.Float(10) ** -40
+_SIZE_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,16 @@ def first_order_kernel(derivative: sympy.Expr, symbols: set[sympy.Symbol]) -> Ke
         # sigmoid(x)*sigmoid(-x) is the derivative at x and at -x: x, the simpler, first.
         key=lambda u: (u.could_extract_minus_sign(), sympy.default_sort_key(u)),
     )
+    size = sympy.count_ops(rest)
     for u in arguments:
         if not u.free_symbols or not u.free_symbols <= symbols:
             continue
         for kernel in KERNELS:
-            if _equal(rest, kernel.derivative(u)):
+            candidate = kernel.derivative(u)
+            # (Only forms of about the derivative's own size are evaluated: a gradient many
+            # times larger is not this derivative in any form simplify leaves, and mpmath
+            # need not evaluate it.)
+            if size <= _SIZE_FACTOR * sympy.count_ops(candidate) and _equal(rest, candidate):
                 return KernelCall(kernel, u, scale)
     return None
 
@@ -132,6 +138,6 @@ def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
                 return False  # complex, undefined or not a number
             if abs(left - right) > _AGREEMENT * (abs(left) + abs(right)):
                 return False
-        except (TypeError, ValueError, ArithmeticError):
+        except (TypeError, ValueError, ArithmeticError, MemoryError, RecursionError):
             return False
     return True

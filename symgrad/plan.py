@@ -20,7 +20,7 @@ from .inplace import reuse_buffers
 from .kernels import whole_gradient_kernel
 from .naming import RESERVED, Namer, check_class_name
 from .printer import COMPILED_HELPERS, numbers_to_floats, print_torch
-from .stable_functions import Removable, TaylorPolynomial
+from .stable_functions import Removable, TaylorPolynomial, log1mexp
 
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is
@@ -1050,9 +1050,11 @@ def _first_order_branch(grad: str, kernel: str, formula: list[str]) -> list[str]
 
 
 def _expand_removables(expr: sympy.Expr) -> sympy.Expr:
-    """Each Removable as its guarded Piecewise, so that CSE shares the mask and the guarded
-    arguments (printed on its own, a Removable repeats them in every term)."""
-    return expr.replace(lambda node: isinstance(node, Removable), lambda node: type(node).expanded(node.args[0]))
+    """Each Removable (and log1mexp) as its Piecewise, so that CSE shares the mask and the
+    guarded arguments (printed on its own, a Removable repeats them in every term)."""
+    return expr.replace(
+        lambda node: isinstance(node, (Removable, log1mexp)), lambda node: type(node).expanded(node.args[0])
+    )
 
 
 def _name_series_arguments(temps, reduced, stream: _SymbolStream):

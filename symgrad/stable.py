@@ -60,6 +60,7 @@ from .stable_functions import (
     guard,
     hypot,
     hypot_excess,
+    log1mexp,
     logaddexp,
     ndtr,
     removable,
@@ -402,7 +403,11 @@ def _rule_log(node: sympy.Expr):
         # where the log is u; u + log(1 - exp(-u)) never does (found by an accuracy hunt).
         # (For u < 0 both are undefined.)
         u = call.args[0]
-        return sympy.log(scale) + u + sympy.log(-expm1(-u))
+        return sympy.log(scale) + u + log1mexp(-u)
+    if isinstance(call, expm1) and scale.is_negative:
+        # log(1 - exp(u)): as log(-expm1(u)) it is 0 in float32 from u = -17, where it is
+        # about -exp(u) (found by an accuracy hunt)
+        return sympy.log(-scale) + log1mexp(call.args[0])
     if arg.is_Add:
         constant, rest = arg.as_coeff_Add()
         if constant == 1 and _normalize_denominator(arg) is None and _positive_exp_sum(arg) is None:

@@ -13,6 +13,8 @@ method the printer calls).
 - ``hypot_excess(a, b) = hypot(a, b) - b``      -> ``a*(a/(torch.hypot(a, b) + b))`` (b > 0)
 - ``xlogy(x, y) = x*log(y)`` (0 where x = 0)   -> ``torch.xlogy``
 - ``ndtr(u) = (1 + erf(u/sqrt(2)))/2``          -> ``0.5*torch.special.erfc(-u/sqrt(2))``
+- ``log1mexp(u) = log(1 - exp(u))`` (u < 0)     -> ``log(-expm1(u))`` above -log(2),
+  ``log1p(-exp(u))`` below (Maechler's switch)
 - ``guard(x, cond, safe)``: ``x`` where ``cond`` holds, else ``safe``: the inner half of
   the "double where" that keeps an untaken Piecewise branch finite.
 - :func:`removable`: ``f(x)`` with a removable singularity at 0 (``sin(x)/x``), printed as
@@ -22,6 +24,7 @@ method the printer calls).
 from __future__ import annotations
 
 import hashlib
+import math
 
 import mpmath
 import sympy
@@ -207,6 +210,63 @@ class hypot(StableFunction):  # noqa: N801
     def elementary(self):
         a, b = self.args
         return sympy.sqrt(a**2 + b**2)
+
+
+class log1mexp(StableFunction):  # noqa: N801
+    """``log(1 - exp(u))`` for ``u < 0``, accurate at every such u (M. Maechler, "Accurately
+    computing log(1 - exp(-|a|))", 2012).
+
+    ``log(-expm1(u))`` is 0 in float32 once ``expm1(u)`` rounds to -1 (u < -17), where the
+    value is about ``-exp(u)``; ``log1p(-exp(u))`` keeps that, but cancels near 0, where
+    ``exp(u)`` is near 1. So the first is used above ``u = -log(2)``, the second below. At
+    ``u >= 0`` both are undefined, as the function is, so neither branch needs a guard.
+    """
+
+    nargs = 1
+    SWITCH = -math.log(2)
+
+    @classmethod
+    def _imp_(cls, u):
+        u = mpmath.mpmathify(u)
+        # (the printed arithmetic, so that a probe at float32 precision sees what runs)
+        if isinstance(u, mpmath.mpf) and u <= cls.SWITCH:
+            return mpmath.log1p(-mpmath.exp(u))
+        return mpmath.log(-mpmath.expm1(u))
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        from sympy.codegen.cfunctions import expm1
+
+        # d/du log(1 - exp(u)) = -exp(u)/(1 - exp(u)) = -1/(exp(-u) - 1)
+        return -1 / expm1(-self.args[0])
+
+    def _eval_is_extended_real(self):
+        return None  # real only for u < 0
+
+    def elementary(self):
+        return sympy.log(1 - sympy.exp(self.args[0]))
+
+    @classmethod
+    def expanded(cls, u: sympy.Expr) -> sympy.Expr:
+        """The two forms as a Piecewise, which the plan expands before CSE (so that ``u``
+        is computed once)."""
+        from sympy.codegen.cfunctions import expm1, log1p
+
+        return sympy.Piecewise(
+            (sympy.log(-expm1(u)), u > sympy.Float(cls.SWITCH)),
+            (log1p(-sympy.exp(u)), True),
+        )
+
+    @classmethod
+    def torch_code(cls, printer, args: list[str]) -> str:
+        """:meth:`expanded`, printed."""
+        (u,) = args
+        from .printer import numbers_to_floats  # printer imports this module
+
+        placeholder = sympy.Dummy("log1mexp_argument", real=True)
+        bound = printer.__class__({**printer._names, placeholder: u}, printer._reference)
+        return bound.doprint(numbers_to_floats(cls.expanded(placeholder)))
 
 
 class hypot_excess(StableFunction):  # noqa: N801
@@ -659,4 +719,4 @@ def _float32_error(f, eps: float) -> float:
     return worst
 
 
-STABLE_FUNCTIONS = (softplus, sigmoid, ndtr, logaddexp, hypot, hypot_excess, xlogy, guard)
+STABLE_FUNCTIONS = (softplus, sigmoid, ndtr, logaddexp, hypot, hypot_excess, xlogy, guard, log1mexp)

@@ -129,7 +129,8 @@ def test_every_printer_has_a_case():
 
 
 def test_every_stable_function_has_a_printer():
-    assert set(sf.STABLE_FUNCTIONS) <= set(PRINTERS)
+    # (log1mexp prints its Piecewise through torch_code, as Removable does)
+    assert all(f in PRINTERS or hasattr(f, "torch_code") for f in sf.STABLE_FUNCTIONS)
 
 
 def test_reductions_need_no_printer():

@@ -171,6 +171,9 @@ CASES = [
     # softplus's inverse: expm1 overflows from x = 89 in float32, and its derivative
     # exp(x)/expm1(x) is inf/inf (stable._rule_log, _rule_exp_over_expm1).
     Case("softplus_inverse", "log(exp(x)-1)", lambda x: mpmath.log(mpmath.expm1(x)), where=lambda x: x > 0),
+    # log(1 - exp(-x)) as log(-expm1(-x)) was 0 in float32 from x = 17, where it is about
+    # -exp(-x): Maechler's log1mexp switches to log1p(-exp(-x)) above log(2).
+    Case("log1mexp", "log(1-exp(-x))", lambda x: mpmath.log(-mpmath.expm1(-x)), where=lambda x: x > 0),
     # x/(exp(x) - 1): its derivative's exp(x)/expm1(x)**2 was inf/inf = nan at x = 100.
     Case("bernoulli", "x/(exp(x)-1)", lambda x: mpmath.mpf(1) if x == 0 else x / mpmath.expm1(x)),
     # cancellations: sqrt(1 + x) - 1 (stable._rule_root_excess), cosh(x) - 1 (_rule_minus_one)
@@ -593,6 +596,8 @@ EQUALITY_EXPRS = [
     (sympy.exp(2 * X) - 1) / (sympy.exp(2 * X) + 1),
     expm1(X) * sf.sigmoid(-X) ** 2 * Y,
     sympy.log(sympy.exp(X) - 1),
+    sympy.log(1 - sympy.exp(-X)),
+    sympy.log(3 - 3 * sympy.exp(-X**2 - 1)),
     sympy.log(3 * sympy.exp(X) - 3) + Y,
     sympy.sqrt(1 + X) - 1,
     3 * sympy.sqrt(4 + X**2 + Y) - 6,
@@ -760,6 +765,8 @@ FUNCTION_CASES = [
     (sf.hypot(X, Y), [X, Y]),
     (sf.hypot_excess(X, Y), [X, Y]),
     (sf.xlogy(X, Y), [X, Y]),
+    (sf.log1mexp(-X), [X]),  # (at x = 0.7, just below the switch at -log(2))
+    (sf.log1mexp(-X / 2), [X]),  # (and above it)
     (stabilize(sympy.sin(X) / X), [X]),
     (stabilize(sympy.expm1(X) / X) if hasattr(sympy, "expm1") else stabilize((sympy.exp(X) - 1) / X), [X]),
 ]
@@ -1061,7 +1068,10 @@ def test_rewrites_found_by_the_accuracy_hunt_reach_their_forms():
     assert stabilize(expm1(x) * s(-x) ** 2 * Y) == Y * sympy.tanh(x / 2) * s(-x)
     assert stabilize(expm1(x) * s(x)) == expm1(x) * s(x)  # not the pair: left alone
     # softplus's inverse, and exp(u)/expm1(u) (its derivative)
-    assert stabilize(sympy.log(sympy.exp(x) - 1)) == x + sympy.log(-expm1(-x))
+    assert stabilize(sympy.log(sympy.exp(x) - 1)) == x + sf.log1mexp(-x)
+    # log(1 - exp(u)): Maechler's log1mexp, with its constant factor taken out
+    assert stabilize(sympy.log(1 - sympy.exp(-x))) == sf.log1mexp(-x)
+    assert stabilize(sympy.log(2 - 2 * sympy.exp(-x))) == sympy.log(2) + sf.log1mexp(-x)
     assert stabilize(sympy.exp(x) / (sympy.exp(x) - 1)) == -1 / expm1(-x)
     # cancellations: a root minus a number, cosh minus 1, logaddexp minus an argument
     assert stabilize(sympy.sqrt(1 + x) - 1) == x / (sympy.sqrt(1 + x) + 1)
