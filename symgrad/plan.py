@@ -20,7 +20,7 @@ from .inplace import reuse_buffers
 from .kernels import whole_gradient_kernel
 from .naming import RESERVED, Namer, check_class_name
 from .printer import COMPILED_HELPERS, numbers_to_floats, print_torch
-from .stable_functions import Removable, TaylorPolynomial, log1mexp
+from .stable_functions import ExpandedFunction, TaylorPolynomial
 
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is
@@ -269,7 +269,7 @@ class _Builder:
         return print_torch(expr, self.names.symbols, self.reference, compiled=self.p.spec.fuse)
 
     def cse(self, exprs: list[sympy.Expr]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], list[sympy.Expr]]:
-        exprs = [numbers_to_floats(_expand_removables(e)) for e in exprs]
+        exprs = [numbers_to_floats(_expand_functions(e)) for e in exprs]
         stream = _SymbolStream(self.names)
         temps, reduced = sympy.cse(exprs, symbols=stream, order="canonical")
         return _name_series_arguments(temps, reduced, stream)
@@ -1049,12 +1049,11 @@ def _first_order_branch(grad: str, kernel: str, formula: list[str]) -> list[str]
     ]
 
 
-def _expand_removables(expr: sympy.Expr) -> sympy.Expr:
-    """Each Removable (and log1mexp) as its Piecewise, so that CSE shares the mask and the
-    guarded arguments (printed on its own, a Removable repeats them in every term)."""
-    return expr.replace(
-        lambda node: isinstance(node, (Removable, log1mexp)), lambda node: type(node).expanded(node.args[0])
-    )
+def _expand_functions(expr: sympy.Expr) -> sympy.Expr:
+    """Each ExpandedFunction (a Removable, log1mexp) as its Piecewise, so that CSE shares the
+    mask and the guarded arguments (printed on its own, a Removable repeats them in every
+    term)."""
+    return expr.replace(lambda node: isinstance(node, ExpandedFunction), lambda node: type(node).expanded(node.args[0]))
 
 
 def _name_series_arguments(temps, reduced, stream: _SymbolStream):

@@ -212,7 +212,32 @@ class hypot(StableFunction):  # noqa: N801
         return sympy.sqrt(a**2 + b**2)
 
 
-class log1mexp(StableFunction):  # noqa: N801
+class ExpandedFunction(StableFunction):
+    """Base of the one-argument functions printed as an expression of SymPy functions
+    (:meth:`expanded`, a Piecewise of forms each accurate where it is taken).
+
+    The plan expands them before CSE (plan._expand_functions), so that their argument and
+    conditions are computed once; printed on their own they repeat the argument.
+    """
+
+    nargs = 1
+
+    @classmethod
+    def expanded(cls, x: sympy.Expr) -> sympy.Expr:
+        raise NotImplementedError
+
+    @classmethod
+    def torch_code(cls, printer, args: list[str]) -> str:
+        """:meth:`expanded`, printed with the argument's code."""
+        (x,) = args
+        from .printer import numbers_to_floats  # printer imports this module
+
+        placeholder = sympy.Dummy("argument", real=True)
+        bound = printer.__class__({**printer._names, placeholder: x}, printer._reference)
+        return bound.doprint(numbers_to_floats(cls.expanded(placeholder)))
+
+
+class log1mexp(ExpandedFunction):  # noqa: N801
     """``log(1 - exp(u))`` for ``u < 0``, accurate at every such u (M. Maechler, "Accurately
     computing log(1 - exp(-|a|))", 2012).
 
@@ -222,7 +247,6 @@ class log1mexp(StableFunction):  # noqa: N801
     ``u >= 0`` both are undefined, as the function is, so neither branch needs a guard.
     """
 
-    nargs = 1
     SWITCH = -math.log(2)
 
     @classmethod
@@ -257,16 +281,6 @@ class log1mexp(StableFunction):  # noqa: N801
             (sympy.log(-expm1(u)), u > sympy.Float(cls.SWITCH)),
             (log1p(-sympy.exp(u)), True),
         )
-
-    @classmethod
-    def torch_code(cls, printer, args: list[str]) -> str:
-        """:meth:`expanded`, printed."""
-        (u,) = args
-        from .printer import numbers_to_floats  # printer imports this module
-
-        placeholder = sympy.Dummy("log1mexp_argument", real=True)
-        bound = printer.__class__({**printer._names, placeholder: u}, printer._reference)
-        return bound.doprint(numbers_to_floats(cls.expanded(placeholder)))
 
 
 class hypot_excess(StableFunction):  # noqa: N801
@@ -396,7 +410,7 @@ _FLOAT32_ULPS = 8  # closed-form error allowed at the threshold, in float32 ulps
 _REMOVABLE_CACHE: dict[str, type] = {}
 
 
-class Removable(StableFunction):
+class Removable(ExpandedFunction):
     """Base of the generated classes ``f(x)`` with a removable singularity at ``x = 0``.
 
     Each subclass holds ``closed`` (the expression in the dummy ``_T``), ``coeffs`` (Taylor
@@ -465,16 +479,6 @@ class Removable(StableFunction):
             made = type(cls.__name__ + "_series", (TaylorPolynomial,), {"coeffs": cls.coeffs, "__module__": __name__})
             cls._series = made
         return made
-
-    @classmethod
-    def torch_code(cls, printer, args: list[str]) -> str:
-        """:meth:`expanded`, printed (the plan expands Removables before CSE instead)."""
-        (x,) = args
-        from .printer import numbers_to_floats  # printer imports this module
-
-        placeholder = sympy.Dummy("removable_argument", real=True)
-        bound = printer.__class__({**printer._names, placeholder: x}, printer._reference)
-        return bound.doprint(numbers_to_floats(cls.expanded(placeholder)))
 
 
 class TaylorPolynomial(StableFunction):
