@@ -16,19 +16,25 @@ S = sf.sigmoid
 
 
 def names(found):
-    return None if found is None else (found.kernel.name, found.argument, found.scale)
+    return None if found is None else (found.kernel.name, found.argument)
 
 
 @pytest.mark.parametrize(
     "derivative, expected",
     [
-        (S(X), ("softplus_backward", X, 1)),
-        (2 * S(2 * X), ("softplus_backward", 2 * X, 2)),
-        ((X * (1 - S(X)) + 1) * S(X), ("silu_backward", X, 1)),  # as derive writes it
-        (S(X) + X * S(X) * S(-X), ("silu_backward", X, 1)),  # another form of the same
-        ((3 * X * (1 - S(3 * X)) + 1) * S(3 * X), ("silu_backward", 3 * X, 1)),
+        (S(X), ("softplus_backward", X)),
+        ((X * (1 - S(X)) + 1) * S(X), ("silu_backward", X)),  # as derive writes it
+        (S(X) + X * S(X) * S(-X), ("silu_backward", X)),  # another form of the same
+        ((3 * X * (1 - S(3 * X)) + 1) * S(3 * X), ("silu_backward", 3 * X)),
         # symmetric in u and -u: the argument without a minus sign
-        (S(X) * S(-X), ("sigmoid_backward", X, 1)),
+        (S(X) * S(-X), ("sigmoid_backward", X)),
+        # a number factor: the kernel would cost as much as the formula
+        (2 * S(2 * X), None),
+        (-S(-X), None),
+        # equal at the probe points, not beyond a breakpoint (found in review)
+        (sympy.Piecewise((S(X), X < 3), (1, True)), None),
+        (S(sympy.Max(X, -5)), None),
+        (S(X) * sympy.Heaviside(4 - X), None),
         (1 / (4 * sympy.cosh(X / 2) ** 2), None),  # no sigmoid to take an argument from
         (X**2, None),
         (S(X) + X, None),
@@ -70,6 +76,35 @@ def test_kernel_calls_compute_their_derivatives():
     for kernel in KERNELS:
         got = eval(kernel.call.format(grad="g", u="x"), {"torch": torch, "g": g, "x": x})  # noqa: S307
         torch.testing.assert_close(got, want[kernel.name], rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "Min(x/(1+exp(-x)), 3)",
+        "log(1+exp(Max(x, -5)))",
+        "Piecewise((x/(1+exp(-x)), x < 3), (x, True))",
+        "1/(1+exp(-Min(x, 4)))",
+    ],
+)
+def test_no_kernel_where_the_gradient_has_a_breakpoint(expr):
+    """Found in review: these matched a kernel at the probe points, and the first-order
+    gradient beyond the breakpoint was the kernel's (SiLU's 1.07 at x = 3.5 where the
+    truth is 0)."""
+    source = generate_source(expr, "Kinked")
+    assert "torch.ops.aten." not in source
+    namespace = _module(expr, "Kinked")
+    x = torch.tensor([-8.0, -6.0, -1.0, 0.5, 2.0, 3.5, 5.0, 8.0], dtype=torch.float64, requires_grad=True)
+    (first,) = torch.autograd.grad(namespace["kinked"](x).sum(), x)
+    reference = x.detach().clone().requires_grad_()
+    torch_form = {
+        "Min(x/(1+exp(-x)), 3)": lambda t: torch.clamp_max(torch.nn.functional.silu(t), 3),
+        "log(1+exp(Max(x, -5)))": lambda t: torch.nn.functional.softplus(torch.clamp_min(t, -5)),
+        "Piecewise((x/(1+exp(-x)), x < 3), (x, True))": lambda t: torch.where(t < 3, torch.nn.functional.silu(t), t),
+        "1/(1+exp(-Min(x, 4)))": lambda t: torch.sigmoid(torch.clamp_max(t, 4)),
+    }[expr]
+    (want,) = torch.autograd.grad(torch_form(reference).sum(), reference)
+    torch.testing.assert_close(first, want, rtol=1e-12, atol=1e-12)
 
 
 def _module(expr: str, name: str, **options):
@@ -127,3 +162,45 @@ def test_save_speed_leaves_a_kernels_derivative_to_backward():
     memory = generate_source("x/(1+exp(-x))", "Act")
     body = lambda source: source[source.index("class _ActNoJvp") :]  # noqa: E731
     assert body(speed) == body(memory)
+
+
+@pytest.mark.parametrize(
+    "expr, second",
+    [
+        ("log(1+exp(x))", lambda x: torch.sigmoid(x) * torch.sigmoid(-x)),
+        ("1/(1+exp(-x))", lambda x: torch.sigmoid(x) * torch.sigmoid(-x) * torch.tanh(-x / 2)),
+    ],
+)
+def test_forward_ad_through_a_first_order_kernel(expr, second):
+    """softplus_backward and sigmoid_backward have forward derivatives: a dual tensor through
+    a first-order backward (no create_graph) gets the second derivative as its tangent."""
+    from torch.autograd import forward_ad
+
+    namespace = _module(expr, "Act")
+    x = torch.linspace(-6, 6, 13, dtype=torch.float64, requires_grad=True)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, torch.ones_like(x))
+        (grad,) = torch.autograd.grad(namespace["act"](dual).sum(), dual)
+        tangent = forward_ad.unpack_dual(grad).tangent
+    torch.testing.assert_close(tangent, second(x.detach()), rtol=1e-12, atol=1e-15)
+
+
+def test_forward_ad_through_silu_backward_fails_as_with_torchs_silu():
+    """silu_backward has no forward derivative in torch: forward AD through a first-order
+    backward fails for F.silu and for the generated SiLU alike (the README says so); with
+    create_graph=True the formula runs and it works."""
+    from torch.autograd import forward_ad
+
+    namespace = _module("x/(1+exp(-x))", "Act")
+    x = torch.linspace(-6, 6, 13, dtype=torch.float64, requires_grad=True)
+    for function in (torch.nn.functional.silu, namespace["act"]):
+        with forward_ad.dual_level():
+            dual = forward_ad.make_dual(x, torch.ones_like(x))
+            with pytest.raises(NotImplementedError, match="silu_backward"):
+                torch.autograd.grad(function(dual).sum(), dual)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, torch.ones_like(x))
+        (grad,) = torch.autograd.grad(namespace["act"](dual).sum(), dual, create_graph=True)
+        tangent = forward_ad.unpack_dual(grad).tangent
+    s = torch.sigmoid(x.detach())
+    torch.testing.assert_close(tangent, s * (1 - s) * (2 + x.detach() * (1 - 2 * s)), rtol=1e-12, atol=1e-15)
