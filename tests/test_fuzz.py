@@ -46,6 +46,7 @@ from test_parse import PIECEWISE_IN_CONDITION
 import mpmath
 import sympy
 import torch
+from torch.autograd.gradcheck import GradcheckError
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
@@ -332,10 +333,27 @@ def _check_module(text: str, source: str, directory: Path, seed: int, smooth: bo
             everything = fn(*args, *params)
         check_forward(text, symbols, args, everything if isinstance(everything, tuple) else (everything,))
         if outputs:
-            assert torch.autograd.gradcheck(differentiable, tuple(args), raise_exception=True)
+            _gradcheck(differentiable, tuple(args))
         return "passed"
     finally:
         sys.modules.pop(module.__name__, None)
+
+
+def _gradcheck(function, args) -> None:
+    """gradcheck, and once more with a 100x wider finite-difference step if it fails.
+
+    The default step (1e-6) is below the rounding of a large intermediate: sin(40353607 - x)
+    moves in steps of 7.5e-9 of its argument, so the numerical derivative was 0.2% off
+    while symgrad's -cos(40353607 - x) was exact (campaign 40). A wrong gradient is wrong
+    at any step; the wider one only lets the rounding average out.
+    """
+    try:
+        torch.autograd.gradcheck(function, args, raise_exception=True)
+    except GradcheckError as first:
+        try:
+            torch.autograd.gradcheck(function, args, eps=1e-4, raise_exception=True)
+        except GradcheckError:
+            raise first from None
 
 
 # -- known bugs in files owned elsewhere (reported; each xfails by name, nothing else) ------
@@ -654,6 +672,9 @@ CAMPAIGN_FINDS = [
     # SymPy solved the derivative's condition x > x**4/2 - 1/2 into an interval between two
     # CRootOf, which the domain probe's printer could not print: a NameError (campaign 33).
     ("(x)**(((((1)**(x)) + ((x)**4)) < (((x) + (x)) + (2))))", 2, "passed"),
+    # Campaign 40: gradcheck's finite difference, not symgrad, was 0.2% off: its step of
+    # 1e-6 is lost in 40353607 - x (see _gradcheck).
+    ("sin((((7)**3)**3) - (x))", 4, "passed"),
 ]
 
 # Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).
