@@ -1041,7 +1041,7 @@ def _first_order_branch(grad: str, kernel: str, formula: list[str]) -> list[str]
     backward), the formula then."""
     return [
         "if not torch.is_grad_enabled():",
-        f"{INDENT}# First order: ATen's fused kernel for this derivative, one pass over memory.",
+        f"{INDENT}# First order: ATen's fused backward kernel, fewer passes over memory.",
         f"{INDENT}{grad} = {kernel}",
         "else:",
         f"{INDENT}# create_graph=True: the formula, which double backward differentiates exactly.",

@@ -16,18 +16,20 @@ S = sf.sigmoid
 
 
 def names(found):
-    return None if found is None else (found.kernel.name, found.argument)
+    return None if found is None else (found.kernel.function, found.argument)
 
 
 @pytest.mark.parametrize(
     "derivative, expected",
     [
-        (S(X), ("softplus_backward", X)),
-        ((X * (1 - S(X)) + 1) * S(X), ("silu_backward", X)),  # as derive writes it
-        (S(X) + X * S(X) * S(-X), ("silu_backward", X)),  # another form of the same
-        ((3 * X * (1 - S(3 * X)) + 1) * S(3 * X), ("silu_backward", 3 * X)),
+        (S(X), ("softplus", X)),
+        ((X * (1 - S(X)) + 1) * S(X), ("silu", X)),  # as derive writes it
+        (S(X) + X * S(X) * S(-X), ("silu", X)),  # another form of the same
+        ((3 * X * (1 - S(3 * X)) + 1) * S(3 * X), ("silu", 3 * X)),
         # symmetric in u and -u: the argument without a minus sign
-        (S(X) * S(-X), ("sigmoid_backward", X)),
+        (S(X) * S(-X), ("sigmoid", X)),
+        (sympy.cosh(X) ** -2, ("tanh", X)),
+        (1 - sympy.tanh(2 * X) ** 2, ("tanh", 2 * X)),  # another form of the same
         # a number factor: the kernel would cost as much as the formula
         (2 * S(2 * X), None),
         (-S(-X), None),
@@ -52,13 +54,14 @@ def test_every_kernel_is_a_real_derivative():
     """Each table entry's derivative is d/du of the function whose backward the kernel is."""
     u = X
     primitives = {
-        "softplus_backward": sympy.log(1 + sympy.exp(u)),
-        "silu_backward": u / (1 + sympy.exp(-u)),
-        "sigmoid_backward": 1 / (1 + sympy.exp(-u)),
+        "softplus": sympy.log(1 + sympy.exp(u)),
+        "silu": u / (1 + sympy.exp(-u)),
+        "sigmoid": 1 / (1 + sympy.exp(-u)),
+        "tanh": sympy.tanh(u),
     }
-    assert {k.name for k in KERNELS} == set(primitives)
+    assert {k.function for k in KERNELS} == set(primitives)
     for kernel in KERNELS:
-        difference = sf.to_elementary(kernel.derivative(u)) - sympy.diff(primitives[kernel.name], u)
+        difference = sf.to_elementary(kernel.derivative(u)) - sympy.diff(primitives[kernel.function], u)
         for point in (-3.1, -0.2, 0.7, 4.4):
             assert abs(sympy.N(difference.subs(u, sympy.Float(point, 40)), 40)) < 1e-30
 
@@ -69,13 +72,14 @@ def test_kernel_calls_compute_their_derivatives():
     g = torch.linspace(0.5, 2.0, 241, dtype=torch.float64)
     s = torch.sigmoid(x)
     want = {
-        "softplus_backward": g * s,
-        "silu_backward": g * s * (1 + x * torch.sigmoid(-x)),
-        "sigmoid_backward": g * s * torch.sigmoid(-x),
+        "softplus": g * s,
+        "silu": g * s * (1 + x * torch.sigmoid(-x)),
+        "sigmoid": g * s * torch.sigmoid(-x),
+        "tanh": g / torch.cosh(x) ** 2,
     }
     for kernel in KERNELS:
         got = eval(kernel.call.format(grad="g", u="x"), {"torch": torch, "g": g, "x": x})  # noqa: S307
-        torch.testing.assert_close(got, want[kernel.name], rtol=1e-14, atol=0)
+        torch.testing.assert_close(got, want[kernel.function], rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +119,12 @@ def _module(expr: str, name: str, **options):
 
 @pytest.mark.parametrize(
     "expr, kernel",
-    [("x/(1+exp(-x))", "silu_backward"), ("log(1+exp(x))", "softplus_backward"), ("1/(1+exp(-x))", "sigmoid_backward")],
+    [
+        ("x/(1+exp(-x))", "silu_backward"),
+        ("log(1+exp(x))", "softplus_backward"),
+        ("1/(1+exp(-x))", "sigmoid_backward"),
+        ("tanh(x)", "sigmoid_backward"),
+    ],
 )
 def test_generated_backward_calls_the_kernel_only_when_not_recording(expr, kernel, monkeypatch):
     source = generate_source(expr, "Act")
@@ -169,6 +178,7 @@ def test_save_speed_leaves_a_kernels_derivative_to_backward():
     [
         ("log(1+exp(x))", lambda x: torch.sigmoid(x) * torch.sigmoid(-x)),
         ("1/(1+exp(-x))", lambda x: torch.sigmoid(x) * torch.sigmoid(-x) * torch.tanh(-x / 2)),
+        ("tanh(x)", lambda x: -2 * torch.tanh(x) / torch.cosh(x) ** 2),
     ],
 )
 def test_forward_ad_through_a_first_order_kernel(expr, second):
