@@ -18,7 +18,7 @@ method the printer calls).
 - ``guard(x, cond, safe)``: ``x`` where ``cond`` holds, else ``safe``: the inner half of
   the "double where" that keeps an untaken Piecewise branch finite.
 - :func:`removable`: ``f(x)`` with a removable singularity at 0 (``sin(x)/x``), printed as
-  a Taylor polynomial near 0 and the closed form (at a guarded argument) elsewhere.
+  a Taylor polynomial near 0 and the closed form elsewhere, each at a guarded argument.
 """
 
 from __future__ import annotations
