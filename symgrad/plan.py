@@ -621,9 +621,7 @@ class _Builder:
 
     def first_order_kernel(self, j: int) -> str | None:
         """The call of an ATen backward kernel (symgrad.kernels) that computes input ``j``'s
-        whole gradient, or None."""
-        if self.pure:
-            return None
+        whole gradient, or None (always in fused bodies: whole_gradient_kernel refuses --fuse)."""
         live = [i for i in range(self.n_out) if self.live[i] and self.rows[i][j] != 0]
         terms = [(self.rows[i][j], self.outputs[i].reduction) for i in live]
         found = whole_gradient_kernel(self.p.spec, self.inputs, self.params, terms)

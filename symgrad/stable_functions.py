@@ -418,7 +418,6 @@ class Removable(ExpandedFunction):
     Taylor polynomial is used (exact to double precision there), elsewhere the closed form.
     """
 
-    nargs = 1
     closed: sympy.Expr
     coeffs: tuple[float, ...]
     eps: float

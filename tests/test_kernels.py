@@ -97,7 +97,7 @@ def test_no_kernel_where_the_gradient_has_a_breakpoint(expr):
     truth is 0)."""
     source = generate_source(expr, "Kinked")
     assert "torch.ops.aten." not in source
-    namespace = _module(expr, "Kinked")
+    namespace = _run(source)
     x = torch.tensor([-8.0, -6.0, -1.0, 0.5, 2.0, 3.5, 5.0, 8.0], dtype=torch.float64, requires_grad=True)
     (first,) = torch.autograd.grad(namespace["kinked"](x).sum(), x)
     reference = x.detach().clone().requires_grad_()
@@ -111,10 +111,15 @@ def test_no_kernel_where_the_gradient_has_a_breakpoint(expr):
     torch.testing.assert_close(first, want, rtol=1e-12, atol=1e-12)
 
 
-def _module(expr: str, name: str, **options):
+def _run(source: str) -> dict:
+    """The names a generated module's source defines."""
     namespace: dict = {}
-    exec(compile(generate_source(expr, name, **options), name, "exec"), namespace)  # noqa: S102
+    exec(compile(source, "generated", "exec"), namespace)  # noqa: S102
     return namespace
+
+
+def _module(expr: str, name: str, **options) -> dict:
+    return _run(generate_source(expr, name, **options))
 
 
 @pytest.mark.parametrize(
@@ -129,7 +134,7 @@ def _module(expr: str, name: str, **options):
 def test_generated_backward_calls_the_kernel_only_when_not_recording(expr, kernel, monkeypatch):
     source = generate_source(expr, "Act")
     assert f"torch.ops.aten.{kernel}(" in source and "if not torch.is_grad_enabled():" in source
-    namespace = _module(expr, "Act")
+    namespace = _run(source)
     calls = []
     real = getattr(torch.ops.aten, kernel)
 
