@@ -25,6 +25,8 @@ from .stable_functions import ExpandedFunction, TaylorPolynomial
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is
 # converted once, with the inputs' dtype and device, before any of them sees it.
+# What symgrad.inplace writes for a sum's fused terms.
+_FUSED_TERM = re.compile(r"\.(addcmul|addcdiv)\(|\balpha=")
 _TENSOR_CONTEXTS = (sympy.Function, sympy.Piecewise, sympy.Min, sympy.Max, sympy.core.relational.Relational)
 
 
@@ -246,6 +248,7 @@ class _Builder:
         self.pure_used: list[str] = []
         # Whether an eager body updates a temporary in place (said in the docstring).
         self.reused = False
+        self.fused_terms = False  # an eager body calls addcmul, addcdiv or add with alpha
 
     def ctx_ref(self, attribute: str) -> str:
         """``ctx.<attribute>`` in a method; a parameter of the same meaning in a pure function."""
@@ -384,6 +387,7 @@ class _Builder:
         params = frozenset(self.name(s) for s in self.params)
         lines, returns = reuse_buffers(method.lines, method.returns, tensors, floating, params)
         self.reused = self.reused or (lines, returns) != (method.lines, method.returns)
+        self.fused_terms = self.fused_terms or any(_FUSED_TERM.search(text) for text in (*lines, returns))
         return Method(method.params, lines, returns)
 
     def fused(self, saved: list[sympy.Symbol]) -> "_FusedParts":
@@ -824,6 +828,14 @@ class _Builder:
                 " pays, and autograd, vmap and broadcasting allow each of them (symgrad.inplace).",
                 width=88,
             )
+        if self.fused_terms:
+            lines.append("")
+            lines += [
+                "A sum's product and quotient terms are added by one kernel each:",
+                "    a.addcmul(l, r, value=c) = a + c*l*r",
+                "    a.addcdiv(l, r, value=c) = a + c*l/r",
+                "    a.add(r, alpha=c) = a + c*r",
+            ]
         if self.speed:
             derivatives = [self.name(r) for r in self.names.results[self.n_user :]]
             lines.append("")

@@ -14,6 +14,7 @@ from typing import Callable
 
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
+from sympy.core.function import _coeff_isneg
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
@@ -193,8 +194,37 @@ class TorchPrinter(StrPrinter):
             return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
         # Python's ** binds tighter than unary minus and associates to the right, so
         # anything but a name, a call or a non-negative number is parenthesised, on both
-        # sides: (x**y)**t, x**(1/t), (-2.0)**x.
-        return f"{self._pow_operand(base)} ** {self._pow_operand(exponent)}"
+        # sides: (x**y)**t, x**(1/t), (-2.0)**x; a negative number exponent need not be,
+        # x**-2.
+        power = self._print(exponent) if exponent.is_Number and exponent.is_negative else self._pow_operand(exponent)
+        return f"{self._pow_operand(base)} ** {power}"
+
+    def _print_Mul(self, expr: sympy.Mul) -> str:
+        # A number over powers, 0.5/sqrt(x) or -1/x**2, as the number times negative powers,
+        # 0.5*torch.rsqrt(x) and -x**-2: StrPrinter's division runs the power, a reciprocal and
+        # a product (Python's number / tensor is reciprocal(t) * number), three kernels for
+        # two (one for -x**-2 in place). Over a tensor numerator it is one division either way,
+        # and a / b reads better.
+        coefficient, rest = expr.as_coeff_Mul()
+        factors = sympy.Mul.make_args(rest)
+        powers = [f for f in factors if f.is_Pow and f.exp.is_Rational and f.exp.is_negative]
+        if len(powers) < len(factors) or all(p.exp == -1 for p in powers):
+            return super()._print_Mul(expr)
+        numerator = [self._print(abs(coefficient))] if abs(coefficient) != 1 else []
+        numerator += [self.parenthesize(p, PRECEDENCE["Mul"], strict=False) for p in powers if p.exp != -1]
+        divisions = "".join(
+            f" / {self.parenthesize(p.base, PRECEDENCE['Mul'], strict=True)}" for p in powers if p.exp == -1
+        )
+        return ("-" if coefficient < 0 else "") + " * ".join(numerator) + divisions
+
+    def _as_ordered_terms(self, expr: sympy.Expr, order: str | None = None) -> list[sympy.Expr]:
+        # A sum starts with a term that is not negated where it has one: -a + b prints as
+        # b - a, one subtraction, where -a + b negates a first (a kernel more).
+        terms = list(super()._as_ordered_terms(expr, order=order))
+        if expr.is_Add:
+            first_positive = next((i for i, term in enumerate(terms) if not _coeff_isneg(term)), 0)
+            terms.insert(0, terms.pop(first_positive))
+        return terms
 
     def _pow_operand(self, expr: sympy.Expr) -> str:
         text = self._print(expr)
