@@ -3,11 +3,12 @@
 Eager autograd runs one fused kernel per op's backward (``silu_backward`` reads the
 upstream gradient and x once, and writes once), where a symbolic backward runs each
 operation of its formula as a kernel of its own: SiLU's exact gradient took six passes
-over memory. These kernels cannot serve double backward: ``silu_backward`` has no
-derivative in torch, and ``softplus_backward``'s differentiates through ``1 - s`` of a
-rounded sigmoid (0 where the true value is 4e-8). So a generated backward calls them only
-while autograd is not recording (the usual ``create_graph=False``), and keeps the formula,
-which double backward differentiates exactly, under ``create_graph=True``.
+over memory. These kernels cannot serve double backward: ``silu_backward`` and
+``mish_backward`` have no derivative in torch, and ``softplus_backward``'s differentiates
+through ``1 - s`` of a rounded sigmoid (0 where the true value is 4e-8). So a generated
+backward calls them only while autograd is not recording (the usual
+``create_graph=False``), and keeps the formula, which double backward differentiates
+exactly, under ``create_graph=True``.
 
 A kernel is used only where the gradient is exactly its derivative (checked at several
 points in 50-digit arithmetic), and only kernels measured as accurate as the formula they
@@ -59,6 +60,14 @@ KERNELS = (
         "silu",
         lambda u: sigmoid(u) * (1 + u * (1 - sigmoid(u))),
         "torch.ops.aten.silu_backward({grad}, {u})",
+    ),
+    # d/du u*tanh(softplus(u)): mish_backward computes tanh(sp) + u*s*(1 - tanh(sp)**2) with
+    # sp = log1p(exp(u)) and s = sigmoid(u), as symgrad's formula does, where the formula
+    # runs fifteen kernels (from one sigmoid: derive's cheaper eager form).
+    Kernel(
+        "mish",
+        lambda u: sympy.tanh(softplus(u)) + u * sigmoid(u) * (1 - sympy.tanh(softplus(u)) ** 2),
+        "torch.ops.aten.mish_backward({grad}, {u})",
     ),
     # d/du sigmoid(u) = sigmoid(u)*sigmoid(-u): softplus_backward with beta = -1 computes
     # g*sigmoid(-u) as g*z/(z + 1) with z = exp(-u), accurate on both sides as above, so two

@@ -30,6 +30,7 @@ def names(found):
         (S(X) * S(-X), ("sigmoid", X)),
         (sympy.cosh(X) ** -2, ("tanh", X)),
         (1 - sympy.tanh(2 * X) ** 2, ("tanh", 2 * X)),  # another form of the same
+        (sympy.diff(X * sympy.tanh(sf.softplus(X)), X), ("mish", X)),
         # a number factor: the kernel would cost as much as the formula
         (2 * S(2 * X), None),
         (-S(-X), None),
@@ -58,6 +59,7 @@ def test_every_kernel_is_a_real_derivative():
         "silu": u / (1 + sympy.exp(-u)),
         "sigmoid": 1 / (1 + sympy.exp(-u)),
         "tanh": sympy.tanh(u),
+        "mish": u * sympy.tanh(sympy.log(1 + sympy.exp(u))),
     }
     assert {k.function for k in KERNELS} == set(primitives)
     for kernel in KERNELS:
@@ -70,12 +72,13 @@ def test_kernel_calls_compute_their_derivatives():
     """The printed calls, run: upstream gradient times the derivative, in float64."""
     x = torch.linspace(-30, 30, 241, dtype=torch.float64)
     g = torch.linspace(0.5, 2.0, 241, dtype=torch.float64)
-    s = torch.sigmoid(x)
+    s, sp = torch.sigmoid(x), torch.nn.functional.softplus(x)
     want = {
         "softplus": g * s,
         "silu": g * s * (1 + x * torch.sigmoid(-x)),
         "sigmoid": g * s * torch.sigmoid(-x),
         "tanh": g / torch.cosh(x) ** 2,
+        "mish": g * (torch.tanh(sp) + x * s * (1 - torch.tanh(sp) ** 2)),
     }
     for kernel in KERNELS:
         got = eval(kernel.call.format(grad="g", u="x"), {"torch": torch, "g": g, "x": x})  # noqa: S307
@@ -157,7 +160,6 @@ def test_generated_backward_calls_the_kernel_only_when_not_recording(expr, kerne
     [
         ("x**2", {}),
         ("x/(1+exp(-x))", {"fuse": True}),  # one compiled kernel already
-        ("x*tanh(log(1+exp(x)))", {"save": "speed"}),  # Mish: no kernel, backward multiplies
         ("y*x/(1+exp(-x))", {}),  # two inputs: not the kernel's alone
         ("sum(log(1+exp(x)))", {}),  # a reduction
         ("x/(1+exp(-x)), x**2", {}),  # two outputs reach x
@@ -200,22 +202,31 @@ def test_forward_ad_through_a_first_order_kernel(expr, second):
     torch.testing.assert_close(tangent, second(x.detach()), rtol=1e-12, atol=1e-15)
 
 
-def test_forward_ad_through_silu_backward_fails_as_with_torchs_silu():
-    """silu_backward has no forward derivative in torch: forward AD through a first-order
-    backward fails for F.silu and for the generated SiLU alike (the README says so); with
-    create_graph=True the formula runs and it works."""
+@pytest.mark.parametrize(
+    "expr, torch_function, kernel",
+    [
+        ("x/(1+exp(-x))", torch.nn.functional.silu, "silu_backward"),
+        ("x*tanh(log(1+exp(x)))", torch.nn.functional.mish, "mish_backward"),
+    ],
+)
+def test_forward_ad_through_silu_and_mish_backward_fails_as_with_torchs_own(expr, torch_function, kernel):
+    """silu_backward and mish_backward have no forward derivative in torch: forward AD
+    through a first-order backward fails for F.silu (F.mish) and the generated SiLU (Mish)
+    alike (the README says so); with create_graph=True the formula runs and it works."""
     from torch.autograd import forward_ad
 
-    namespace = _module("x/(1+exp(-x))", "Act")
+    namespace = _module(expr, "Act")
     x = torch.linspace(-6, 6, 13, dtype=torch.float64, requires_grad=True)
-    for function in (torch.nn.functional.silu, namespace["act"]):
+    for function in (torch_function, namespace["act"]):
         with forward_ad.dual_level():
             dual = forward_ad.make_dual(x, torch.ones_like(x))
-            with pytest.raises(NotImplementedError, match="silu_backward"):
+            with pytest.raises(NotImplementedError, match=kernel):
                 torch.autograd.grad(function(dual).sum(), dual)
     with forward_ad.dual_level():
         dual = forward_ad.make_dual(x, torch.ones_like(x))
         (grad,) = torch.autograd.grad(namespace["act"](dual).sum(), dual, create_graph=True)
         tangent = forward_ad.unpack_dual(grad).tangent
-    s = torch.sigmoid(x.detach())
-    torch.testing.assert_close(tangent, s * (1 - s) * (2 + x.detach() * (1 - 2 * s)), rtol=1e-12, atol=1e-15)
+    # (torch's own second derivative: its double backward runs a differentiable formula.)
+    (first,) = torch.autograd.grad(torch_function(x).sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(first.sum(), x)
+    torch.testing.assert_close(tangent, second, rtol=1e-12, atol=1e-15)

@@ -17,7 +17,7 @@ import symgrad
 from test_fuzz import import_source
 
 CASES = [
-    ("x*tanh(log(1+exp(x)))", None, None),
+    ("x/2*(1+erf(x/sqrt(2)))", None, None),
     ("sqrt(x)+1/x", None, None),
     ("alpha*x*y + log(1 + y**2)*exp(-x)", ["x", "y"], ["alpha"]),
     ("sum(x*exp(-y)), sin(x)*cos(y)", ["x", "y"], None),
@@ -110,9 +110,9 @@ class _CountOps(TorchDispatchMode):
 
 
 def test_backward_only_multiplies(tmp_path):
-    """Mish: backward is one multiplication (default mode recomputes sigmoid(x) and the
-    arithmetic around it: derive.cheaper_eager_form)."""
-    memory, speed = _modules(tmp_path, "x*tanh(log(1+exp(x)))", None, None)
+    """GELU: backward is one multiplication (default mode recomputes erfc and exp, and the
+    arithmetic around them)."""
+    memory, speed = _modules(tmp_path, "x/2*(1+erf(x/sqrt(2)))", None, None)
     counts = {}
     for module in (memory, speed):
         x = torch.linspace(-3, 3, 7, dtype=torch.float64, requires_grad=True)
@@ -123,11 +123,11 @@ def test_backward_only_multiplies(tmp_path):
         counts[module.__symgrad__["save"]] = mode.ops
     # (detach: unpacking the saved output, no arithmetic)
     assert [op for op in counts["speed"] if op != "detach"] == ["mul"]
-    assert len(counts["memory"]) > 4 and "sigmoid" in counts["memory"]
+    assert len(counts["memory"]) > 4 and "erfc_" in counts["memory"]
 
 
 def test_saved_tensors_are_the_input_and_the_derivative(tmp_path):
-    _, speed = _modules(tmp_path, "x*tanh(log(1+exp(x)))", None, None)
+    _, speed = _modules(tmp_path, "x/2*(1+erf(x/sqrt(2)))", None, None)
     assert speed.__symgrad__["saved"] == ["x", "dresult_dx"]
     packed = []
     x = torch.linspace(-3, 3, 7, requires_grad=True)
@@ -138,9 +138,10 @@ def test_saved_tensors_are_the_input_and_the_derivative(tmp_path):
 
 def test_cheap_derivatives_are_not_returned(tmp_path):
     """--save speed changes nothing where returning the derivative saves no time: it costs at
-    most one operation (2*x, exp(x) = result), or shares no work with the output (3*x**2
-    next to x**3, sigmoid(x) next to softplus(x))."""
-    for expr in ("2*x", "exp(x)", "x**2", "x**3", "log(1+exp(x))"):
+    most one operation (2*x, exp(x) = result), shares no work with the output (3*x**2
+    next to x**3), or one of ATen's backward kernels computes it (softplus's sigmoid(x),
+    Mish's: symgrad.kernels)."""
+    for expr in ("2*x", "exp(x)", "x**2", "x**3", "log(1+exp(x))", "x*tanh(log(1+exp(x)))"):
         memory = symgrad.generate_source(expr, "Case")
         speed = symgrad.generate_source(expr, "Case", save="speed")
         # The header and metadata record the option; the classes must not differ.
