@@ -1,4 +1,6 @@
-"""Eager bodies reuse the buffers of their own temporaries: ``(a * b).mul_(c)``.
+"""Eager bodies reuse the buffers of their own temporaries, ``(a * b).mul_(c)``, and add a
+sum's product and quotient terms with one kernel each, ``a.addcmul(l, r, value=c)``
+(:meth:`_Rewriter.multiply_add`).
 
 On CPU an out-of-place elementwise op writes a buffer that is not in cache, so each line
 of it is first read from memory (write-allocate) and then written back, and with glibc's
@@ -23,7 +25,10 @@ generated Function runs:
   stays out of place: under ``jacrev`` only the upstream gradient is batched.
 - dtypes: ``t.op_(u)`` keeps ``t``'s dtype, where ``t op u`` promotes. The target must be
   known to be floating (an integer or bool input times 2 is not), and then ``u``, built
-  from a subset of ``t``'s tensors, promotes to no wider dtype than ``t``'s.
+  from a subset of ``t``'s tensors, promotes to no wider dtype than ``t``'s, unless ``u``
+  made an integer tensor floating (``0.5 * y``, ``torch.exp(y)``: torch's default dtype,
+  wider than float16) and ``t`` has another tensor that could be narrower: then ``u`` is
+  not absorbed. From one tensor alone, both are of the default dtype, or of its own.
 - values whose shape or dtype do not follow their tensors are never a target or an
   operand, nor is anything computed from them: reductions, method results such as
   ``.expand()``, comparisons, and a ``torch.where`` whose condition depends on a name its
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from dataclasses import dataclass, replace
 
 # torch.<name>(t) for a fresh floating t becomes t.<name>_() ...
@@ -86,6 +92,9 @@ class _Value:
     deps: frozenset[str]  # the names it is computed from
     tensor: bool = False  # certainly a tensor (not a Python number)
     floating: bool = False  # certainly of a floating dtype
+    # Made floating from a tensor that may be an integer one (0.5 * t, torch.exp(t)): then
+    # its dtype is torch's default, which may be wider than a float16 tensor's.
+    promoted: bool = False
     fresh: bool = False  # a new tensor no one else refers to, whose producer keeps no reference
     irregular: bool = False  # shape or dtype not that of its tensors together (see above)
 
@@ -141,6 +150,7 @@ class _Rewriter:
                     old.deps | value.deps,
                     tensor=old.tensor and value.tensor,
                     floating=old.floating and value.floating,
+                    promoted=old.promoted or value.promoted,
                     irregular=old.irregular or value.irregular,
                 )
             self.env[target.id] = replace(value, fresh=False)
@@ -205,6 +215,7 @@ class _Rewriter:
             left.deps | right.deps,
             tensor=tensor,
             floating=left.floating or right.floating or (tensor and isinstance(node.op, ast.Div)),
+            promoted=_promotes(node.op, left, right),
             fresh=tensor and not irregular,
             irregular=irregular,
         )
@@ -224,7 +235,10 @@ class _Rewriter:
             # dtype.)
             if right.fresh and right.floating:
                 return replace(result, fresh=False), _method_call(node.right, "reciprocal_")
-            return replace(result, fresh=False, floating=True), _torch_call("reciprocal", node.right)
+            return (
+                replace(result, fresh=False, floating=True, promoted=right.promoted or not right.floating),
+                _torch_call("reciprocal", node.right),
+            )
         # A chain as an operand is parenthesised: black then puts one call on each line.
         node.left, node.right = _parenthesised(node.left), _parenthesised(node.right)
         return result, node
@@ -262,6 +276,12 @@ class _Rewriter:
             return None
         if kind == "addcdiv" and not any(v.floating for v in operands):
             return None  # addcdiv refuses two integer tensors
+        all_deps = frozenset().union(*(v.deps for v in operands))
+        if isinstance(coefficient, float) and not first_value.floating and len(all_deps | self.deps(sum_node)) > 1:
+            # 0.5 * l for an integer l is of the default dtype; addcmul's product, of l's and
+            # r's, a float16 one's with r's (found in review). From one tensor alone both
+            # are of the default dtype, or of its own.
+            return None
         sum_value, sum_ast = self.visit(sum_node)
         deps = sum_value.deps.union(*(v.deps for v in operands))
         result = _Value(deps, tensor=True, floating=True, fresh=True)
@@ -287,6 +307,11 @@ class _Rewriter:
         value = {} if coefficient == 1 else {"value": coefficient}
         return result, _method_call(sum_ast, kind, first_node, second_node, **value)
 
+    def deps(self, node: ast.AST) -> frozenset[str]:
+        """The names ``node`` is computed from, without visiting it."""
+        found = [self.env[n.id].deps for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in self.env]
+        return frozenset().union(*found)
+
     def unary(self, node: ast.UnaryOp) -> tuple[_Value, ast.AST]:
         operand, node.operand = self.visit(node.operand)
         if not isinstance(node.op, ast.USub):
@@ -307,7 +332,7 @@ class _Rewriter:
                 # t.new_full((), c), the printer's number as a 0-d tensor: it broadcasts and
                 # promotes like the number (a 0-d tensor never widens a dimensioned one of
                 # its kind), so it may be an operand; never a target, being 0-d.
-                return _Value(value.deps, tensor=True, floating=value.floating), node
+                return _Value(value.deps, tensor=True, floating=value.floating, promoted=value.promoted), node
             # Other methods: .expand() is a view of another shape, .sum() a reduction.
             return _Value(value.deps, tensor=value.tensor, irregular=True), node
         values = []
@@ -323,7 +348,8 @@ class _Rewriter:
             return self.where(*values), node
         irregular = name in _IRREGULAR or any(v.irregular for v in values)
         floating = name in _FLOATING or (name in _KEEPS_DTYPE and bool(values) and values[0].floating)
-        result = _Value(deps, tensor=True, floating=floating, irregular=irregular)
+        promoted = any(v.promoted or (name in _FLOATING and v.tensor and not v.floating) for v in values)
+        result = _Value(deps, tensor=True, floating=floating, promoted=promoted, irregular=irregular)
         if name in _UNARY_INPLACE and len(values) == 1 and not node.keywords:
             result = replace(result, fresh=not irregular and name not in _SAVES_OUTPUT)
             if values[0].fresh and values[0].floating:
@@ -342,6 +368,7 @@ class _Rewriter:
             condition.deps | branches,
             tensor=True,
             floating=then.floating or otherwise.floating,
+            promoted=then.promoted or otherwise.promoted,
             fresh=regular,
             irregular=not regular,
         )
@@ -360,7 +387,24 @@ def _is_number_tensor(node: ast.Call) -> bool:
 
 def _can_absorb(target: _Value, operand: _Value) -> bool:
     """Whether ``target.op_(operand)`` is safe: see the module docstring."""
+    if operand.promoted and len(target.deps) > 1:
+        # 0.5 * y for an integer y is of the default dtype, wider than a float16 target made
+        # with another tensor: sin(x * y).add_(0.5 * y) would narrow it (found in review).
+        # Made from one tensor alone, both are of the default dtype, or of its own.
+        return False
     return target.fresh and target.floating and not operand.irregular and operand.deps <= target.deps
+
+
+def _promotes(op: ast.operator, left: _Value, right: _Value) -> bool:
+    """Whether ``left op right`` may be floating only through an integer tensor made
+    floating: a Python float times it, or a true division of two of them."""
+    if left.promoted or right.promoted:
+        return True
+    number_side = [v for v in (left, right) if not v.tensor and not v.deps]
+    tensor_sides = [v for v in (left, right) if v.tensor]
+    if any(v.floating for v in number_side) and any(not v.floating for v in tensor_sides):
+        return True
+    return isinstance(op, ast.Div) and bool(tensor_sides) and not (left.floating or right.floating)
 
 
 # ast.unparse drops redundant parentheses: a call of this name marks them, and _unparse
@@ -378,7 +422,12 @@ def _parenthesised(node: ast.expr) -> ast.expr:
 
 
 def _unparse(node: ast.AST) -> str:
-    return ast.unparse(node).replace(_PAREN + "(", "(")
+    # (ast.unparse also parenthesises a negative exponent, x ** (-2.0), which the printer
+    # and black write x**-2.0.)
+    return _NEGATIVE_EXPONENT.sub(r"** \1", ast.unparse(node).replace(_PAREN + "(", "("))
+
+
+_NEGATIVE_EXPONENT = re.compile(r"\*\* \((-[0-9][0-9.eE+-]*)\)")
 
 
 def _method_call(receiver: ast.expr, method: str, *args: ast.expr, **numbers: float) -> ast.Call:

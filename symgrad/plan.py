@@ -23,10 +23,10 @@ from .printer import COMPILED_HELPERS, numbers_to_floats, print_torch
 from .stable_functions import ExpandedFunction, TaylorPolynomial
 
 INDENT = "    "
-# Functions whose arguments must be tensors: a param passed as a Python number is
-# converted once, with the inputs' dtype and device, before any of them sees it.
 # What symgrad.inplace writes for a sum's fused terms.
 _FUSED_TERM = re.compile(r"\.(addcmul|addcdiv)\(|\balpha=")
+# Functions whose arguments must be tensors: a param passed as a Python number is
+# converted once, with the inputs' dtype and device, before any of them sees it.
 _TENSOR_CONTEXTS = (sympy.Function, sympy.Piecewise, sympy.Min, sympy.Max, sympy.core.relational.Relational)
 
 

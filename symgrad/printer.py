@@ -195,8 +195,12 @@ class TorchPrinter(StrPrinter):
         # Python's ** binds tighter than unary minus and associates to the right, so
         # anything but a name, a call or a non-negative number is parenthesised, on both
         # sides: (x**y)**t, x**(1/t), (-2.0)**x; a negative number exponent need not be,
-        # x**-2.
-        power = self._print(exponent) if exponent.is_Number and exponent.is_negative else self._pow_operand(exponent)
+        # x**-2.0. (A float: torch refuses an integer tensor to a negative integer power, and
+        # pow takes the same fast paths for -2.0 as for -2; found in review.)
+        if exponent.is_Number and exponent.is_negative:
+            power = repr(float(exponent)) if exponent.is_Integer else self._print(exponent)
+        else:
+            power = self._pow_operand(exponent)
         return f"{self._pow_operand(base)} ** {power}"
 
     def _print_Mul(self, expr: sympy.Mul) -> str:

@@ -99,10 +99,18 @@ REWRITES = [
     # ... not where the dtype could differ or a number is no tensor
     ("r = torch.sin(x) + x * y", "r = torch.sin(x) + x * y"),  # y could be wider
     ("r = x + torch.sin(x * y) * y", "r = torch.sin(x * y).mul_(y).add_(x)"),  # x: maybe an integer
-    ("r = torch.sin(x * y) + x / y", "r = torch.sin(x * y).add_(x / y)"),  # addcdiv refuses two integers
-    ("r = torch.sin(x * y) + 0.5 * x * y / (1 + y)", "r = torch.sin(x * y).add_((0.5 * x * y).div_(1 + y))"),
+    ("r = torch.sin(x * y) + x / y", "r = torch.sin(x * y) + x / y"),  # addcdiv refuses two integers
+    ("r = torch.sin(x * y) + 0.5 * x * y / (1 + y)", "r = torch.sin(x * y) + ((0.5 * x * y).div_(1 + y))"),
     ("r = torch.sin(x) + p * x", "r = torch.sin(x) + p * x"),  # a param may be a number
-    ("r = grad_output * x + torch.sin(x)", "r = (grad_output * x).add_(torch.sin(x))"),
+    ("r = grad_output * x + torch.sin(x)", "r = grad_output * x + torch.sin(x)"),  # sin of an integer x
+    ("r = grad_output * x_tangent + torch.sin(x_tangent)", "r = torch.sin(x_tangent).addcmul(grad_output, x_tangent)"),
+    # a Python float times a tensor that may be an integer one is of the default dtype: not
+    # added into a target that another tensor (float16, say) could make narrower (review)
+    ("r = torch.sin(x * y) + 0.5 * y", "r = torch.sin(x * y) + 0.5 * y"),
+    ("r = x / y + torch.sin(x)", "r = x / y + torch.sin(x)"),
+    ("r = torch.sin(x * y) + 0.5 * y * torch.exp(x)", "r = torch.sin(x * y) + 0.5 * y * torch.exp(x)"),
+    ("r = torch.sin(x * y) + 2 * y * torch.exp(x)", "r = torch.sin(x * y).addcmul(y, torch.exp(x), value=2)"),
+    ("r = torch.sin(x) + 0.5 * x", "r = torch.sin(x).add_(x, alpha=0.5)"),  # one tensor: one dtype
     # untouched lines keep the printer's spelling
     ("r = (x).sum()", "r = (x).sum()"),
     ("if ctx.needs_input_grad[0]:", "if ctx.needs_input_grad[0]:"),
@@ -164,6 +172,12 @@ DTYPE_CASES = [
     ("x*Piecewise((y, x > 0), (0, True))", [torch.tensor([0.3, -1.0, 2.0]), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)]),
     ("sin(x)*Piecewise((2.5, x > 1), (1, True))", [torch.arange(-2, 3)]),
     ("x**3/(1 + x**2) + 2*x*x", [torch.arange(-3, 4)]),
+    # a Python float times an integer y is float32, wider than float16 x's terms (review)
+    ("sin(x*y) + y/2", [torch.tensor([0.3, -1.0, 2.0], dtype=torch.float16), torch.tensor([1, 2, 3])]),
+    ("sin(x*y) + y/2*exp(x)", [torch.tensor([0.3, -1.0, 2.0], dtype=torch.float16), torch.tensor([1, 2, 3])]),
+    ("x/y + sin(x)", [torch.tensor([1, 2, 3]), torch.tensor([0.3, -1.0, 2.0], dtype=torch.float16)]),
+    # an integer tensor to a negative power: x**-2.0, not x**-2, which torch refuses (review)
+    ("y + 3/x**2", [torch.tensor([1, 2, 3]), torch.tensor([0.5, 1.0, 2.0])]),
 ]
 
 
@@ -188,6 +202,15 @@ def test_backward_matches_out_of_place_with_an_integer_input(tmp_path, monkeypat
         grads.append(x.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
     torch.testing.assert_close(grads[0], torch.tensor([2.0, 1.0, 13.0], dtype=torch.float64))
+
+
+def test_an_integer_param_to_a_negative_power(tmp_path):
+    """A tensor param may be an integer one: 2/n**2 prints as 2 * n**-2.0 (review find)."""
+    module = import_source(symgrad.generate_source("x + 2/n**2", "IntParam", params=["n"]), tmp_path)
+    x = torch.tensor([0.5, 1.0], requires_grad=True)
+    out = module.int_param(x, torch.tensor(3))
+    torch.testing.assert_close(out, x.detach() + 2 / torch.tensor(3) ** 2)
+    assert out.dtype == torch.float32
 
 
 def test_integer_inputs_keep_working(tmp_path):
