@@ -160,6 +160,8 @@ def test_generated_backward_calls_the_kernel_only_when_not_recording(expr, kerne
     [
         ("x**2", {}),
         ("x/(1+exp(-x))", {"fuse": True}),  # one compiled kernel already
+        # Mish: mish_backward is slower than the derivative --save speed returns
+        ("x*tanh(log(1+exp(x)))", {"save": "speed"}),
         ("y*x/(1+exp(-x))", {}),  # two inputs: not the kernel's alone
         ("sum(log(1+exp(x)))", {}),  # a reduction
         ("x/(1+exp(-x)), x**2", {}),  # two outputs reach x
