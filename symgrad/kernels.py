@@ -64,20 +64,9 @@ KERNELS = (
         lambda u: sigmoid(u) * (1 + u * (1 - sigmoid(u))),
         "torch.ops.aten.silu_backward({grad}, {u})",
     ),
-    # d/du u*tanh(softplus(u)): mish_backward computes tanh(sp) + u*s*(1 - tanh(sp)**2) with
-    # sp = log1p(exp(u)) and s = sigmoid(u), as symgrad's formula does, where the formula
-    # runs fifteen kernels (from one sigmoid: derive's cheaper eager form). Its four
-    # transcendental functions make it slower than a derivative forward computed next to the
-    # output (--save speed, whose backward only multiplies: 59.7 ms at 1e7 against 71.1).
-    Kernel(
-        "mish",
-        lambda u: sympy.tanh(softplus(u)) + u * sigmoid(u) * (1 - sympy.tanh(softplus(u)) ** 2),
-        "torch.ops.aten.mish_backward({grad}, {u})",
-        beats_saved_derivative=False,
-    ),
     # d/du sigmoid(u) = sigmoid(u)*sigmoid(-u): softplus_backward with beta = -1 computes
-    # g*sigmoid(-u) as g*z/(z + 1) with z = exp(-u), accurate on both sides as above, so two
-    # calls give the product in two passes (11.2 ms at 1e7, against 15.1 for
+    # g*sigmoid(-u) as g*z/(z + 1) with z = exp(-u), accurate on both sides as softplus's,
+    # so two calls give the product in two passes (11.2 ms at 1e7, against 15.1 for
     # sigmoid_backward of sigmoid(-|u|), its abs and its sigmoid). sigmoid_backward of the
     # output y = sigmoid(u) is 0 in float32 from u = 17, where the truth is 4e-8.
     Kernel(
@@ -93,6 +82,17 @@ KERNELS = (
         "tanh",
         lambda u: sympy.cosh(u) ** -2,
         "torch.ops.aten.softplus_backward(torch.ops.aten.softplus_backward({grad}, {u}, 2.0, 40.0), {u}, -2.0, 40.0).mul_(4)",
+    ),
+    # d/du u*tanh(softplus(u)): mish_backward computes tanh(sp) + u*s*(1 - tanh(sp)**2) with
+    # sp = log1p(exp(u)) and s = sigmoid(u), as symgrad's formula does, where the formula
+    # runs fifteen kernels (from one sigmoid: derive's cheaper eager form). Its four
+    # transcendental functions make it slower than a derivative forward computed next to the
+    # output (--save speed, whose backward only multiplies: 59.7 ms at 1e7 against 71.1).
+    Kernel(
+        "mish",
+        lambda u: sympy.tanh(softplus(u)) + u * sigmoid(u) * (1 - sympy.tanh(softplus(u)) ** 2),
+        "torch.ops.aten.mish_backward({grad}, {u})",
+        beats_saved_derivative=False,
     ),
 )
 

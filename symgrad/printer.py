@@ -205,10 +205,10 @@ class TorchPrinter(StrPrinter):
 
     def _print_Mul(self, expr: sympy.Mul) -> str:
         # A number over powers, 0.5/sqrt(x) or -1/x**2, as the number times negative powers,
-        # 0.5*torch.rsqrt(x) and -x**-2: StrPrinter's division runs the power, a reciprocal and
-        # a product (Python's number / tensor is reciprocal(t) * number), three kernels for
-        # two (one for -x**-2 in place). Over a tensor numerator it is one division either way,
-        # and a / b reads better.
+        # 0.5*torch.rsqrt(x) and -x**-2.0: StrPrinter's division runs the power, a reciprocal
+        # and a product (Python's number / tensor is reciprocal(t) * number), three kernels for
+        # two (for -x**-2.0, a negation in place). Over a tensor numerator it is one division
+        # either way, and a / b reads better.
         coefficient, rest = expr.as_coeff_Mul()
         factors = sympy.Mul.make_args(rest)
         powers = [f for f in factors if f.is_Pow and f.exp.is_Rational and f.exp.is_negative]
