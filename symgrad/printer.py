@@ -409,4 +409,16 @@ def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
         exponent = expr.exp if expr.exp.is_Rational else numbers_to_floats(expr.exp)
         return sympy.Pow(numbers_to_floats(expr.base), exponent)
     args = tuple(numbers_to_floats(a) for a in expr.args)
-    return expr.func(*args) if args != expr.args else expr
+    if args == expr.args:
+        return expr
+    try:
+        return expr.func(*args)
+    except ValueError:
+        # Min/Max of an argument that SymPy finds not real once its constants are floats
+        # (asin(x**2 + 3.14...) is complex for every x; found by fuzz campaign 43).
+        unreal = [a for a in args if isinstance(a, sympy.Expr) and a.is_extended_real is False]
+        if isinstance(expr, (sympy.Min, sympy.Max)) and unreal:
+            raise SymgradError(
+                f"{type(expr).__name__} compares {unreal[0]}, which is not a real number for any input"
+            ) from None
+        raise

@@ -718,6 +718,15 @@ CAMPAIGN_FINDS_FUSED = [
         0,
         "passed",
     ),
+    # Campaign 43: with its constants as floats, SymPy found asin(x**2 + pi) complex and Max
+    # refused it with a ValueError (a crash); it is refused in one line now.
+    (
+        "Max(Piecewise((((y) > (cos(x))), ((x) < (2.5) < (y)) and ((E) <= (x) <= (x))), (erf(hypot(x, y)), True)),"
+        " asin(((x) * (x)) + (Min(pi))), erf(Piecewise((Piecewise((2, True)), (y) > (7)), (x, (y) >= (3/2)),"
+        " (gamma(2.5), True))))",
+        27,
+        "which is not a real number for any input",
+    ),
 ]
 
 
