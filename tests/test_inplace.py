@@ -85,9 +85,18 @@ REWRITES = [
     # have no vmap batching rule): floating operands, or a floating sum built from them
     ("r = torch.sin(x * y) + x * y", "r = torch.sin(x * y).addcmul(x, y)"),
     (
-        "r = torch.sin(x) - 2 * torch.cos(x) * torch.exp(x)",
-        "r = torch.sin(x).addcmul(torch.cos(x), torch.exp(x), value=-2)",
+        "r = torch.sin(x) - 2 * torch.exp(x) * torch.tanh(x)",
+        "r = torch.sin(x).addcmul(torch.exp(x), torch.tanh(x), value=-2)",  # (each keeps its output)
     ),
+    # ... but a fresh factor takes the product in place and the fresh sum the term: nothing
+    # allocated (glibc's default allocator page-faults each new buffer)
+    (
+        "r = torch.sin(x) - 2 * torch.cos(x) * torch.exp(x)",
+        "r = torch.sin(x).add_(torch.cos(x).mul_(torch.exp(x)), alpha=-2)",
+    ),
+    ("r = torch.sin(x) - torch.exp(x) * torch.cos(x)", "r = torch.sin(x).sub_(torch.cos(x).mul_(torch.exp(x)))"),
+    ("r = torch.sin(x) + torch.cos(x) / x", "r = torch.sin(x).add_(torch.cos(x).div_(x))"),
+    ("r = torch.sin(x) + x / torch.cos(x)", "r = torch.sin(x).addcdiv(x, torch.cos(x))"),  # (x is no target)
     ("r = y - torch.exp(x) * torch.log1p(y)", "r = y.addcmul(torch.exp(x), torch.log1p(y), value=-1)"),
     ("r = x * torch.exp(x) + torch.sin(x)", "r = torch.sin(x).addcmul(x, torch.exp(x))"),
     (
