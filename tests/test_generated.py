@@ -211,6 +211,28 @@ def test_jacfwd_equals_jacrev(module, device):
     torch.testing.assert_close(forward, reverse)
 
 
+def test_hessian_equals_jacrev_of_jacrev(module, device):
+    """Second derivatives forward-over-reverse (torch.func.hessian) and reverse-over-reverse
+    agree. (Forward-over-forward, jacfwd of jacfwd, is 0 through any Function with a custom
+    jvp: README, "Known PyTorch limits".)"""
+    _not_inplace(module)
+    meta = module.__symgrad__
+    if meta["surrogate"]:
+        pytest.skip("a surrogate defines only the backward and jvp it declares")
+    if "double backward (create_graph=True) is not supported" in open(module.__file__).read():
+        pytest.skip("no double backward")
+    args = sample(module, device, requires_grad=False)
+    argnums = tuple(range(len(meta["inputs"])))
+    fn = functional(module)
+
+    def total(*inputs):
+        return sum(output.sum() for output in as_tuple(fn(*inputs)))
+
+    hessian = torch.func.hessian(total, argnums=argnums)(*args)
+    reverse = torch.func.jacrev(torch.func.jacrev(total, argnums=argnums), argnums=argnums)(*args)
+    torch.testing.assert_close(hessian, reverse)
+
+
 def test_compile_matches_eager(module, device):
     # (--inplace modules too: torch.compile, unlike the torch.func transforms, takes mark_dirty)
     torch._dynamo.reset()
