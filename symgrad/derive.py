@@ -559,8 +559,8 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 continue
             if not _shares_work(derivation.forward, gradient, fused=parsed.spec.fuse):
                 continue
-            kernel = whole_gradient_kernel(parsed.spec, parsed.inputs, parsed.params, _terms_reaching(derivation, j))
-            if kernel is not None and kernel.kernel.beats_saved_derivative:
+            found = whole_gradient_kernel(parsed.spec, parsed.inputs, parsed.params, _terms_reaching(derivation, j))
+            if found is not None and found.kernel.beats_saved_derivative:
                 # One ATen kernel computes it in backward (symgrad.kernels): faster than
                 # computing it in forward and multiplying, and nothing more is saved.
                 continue
