@@ -81,6 +81,10 @@ _FLOATING = (set(_UNARY_INPLACE) - {"torch.abs"}) | {
 }
 # Methods multiply_add calls: out of place, but links of a chain like the in-place ones.
 _FUSED_METHODS = {"add", "addcmul", "addcdiv"}
+# What the rewrite writes, as the generated docstring names it: an in-place method
+# (t.mul_(u)), and a sum's term added by one kernel (addcmul, addcdiv, or add with alpha).
+IN_PLACE_CALL = re.compile(r"\.[a-z]\w*_\(")
+FUSED_TERM = re.compile(r"\.(addcmul|addcdiv)\(|\balpha=")
 _BINARY_INPLACE = {ast.Add: "add_", ast.Sub: "sub_", ast.Mult: "mul_", ast.Div: "div_"}
 _COMMUTATIVE = (ast.Add, ast.Mult)
 

@@ -16,15 +16,13 @@ import sympy
 
 from .derive import IDENTITIES, Derivation, op_count, with_derivatives_as_outputs
 from .errors import SymgradError
-from .inplace import reuse_buffers
+from .inplace import FUSED_TERM, IN_PLACE_CALL, reuse_buffers
 from .kernels import whole_gradient_kernel
 from .naming import RESERVED, Namer, check_class_name
 from .printer import COMPILED_HELPERS, numbers_to_floats, print_torch
 from .stable_functions import ExpandedFunction, TaylorPolynomial
 
 INDENT = "    "
-# What symgrad.inplace writes for a sum's fused terms.
-_FUSED_TERM = re.compile(r"\.(addcmul|addcdiv)\(|\balpha=")
 # Functions whose arguments must be tensors: a param passed as a Python number is
 # converted once, with the inputs' dtype and device, before any of them sees it.
 _TENSOR_CONTEXTS = (sympy.Function, sympy.Piecewise, sympy.Min, sympy.Max, sympy.core.relational.Relational)
@@ -248,7 +246,8 @@ class _Builder:
         self.pure_used: list[str] = []
         # Whether an eager body updates a temporary in place (said in the docstring).
         self.reused = False
-        self.fused_terms = False  # an eager body calls addcmul, addcdiv or add with alpha
+        # Whether an eager body adds a sum's term by one kernel (said in the docstring).
+        self.fused_terms = False
 
     def ctx_ref(self, attribute: str) -> str:
         """``ctx.<attribute>`` in a method; a parameter of the same meaning in a pure function."""
@@ -386,8 +385,11 @@ class _Builder:
             floating = tensors
         params = frozenset(self.name(s) for s in self.params)
         lines, returns = reuse_buffers(method.lines, method.returns, tensors, floating, params)
-        self.reused = self.reused or (lines, returns) != (method.lines, method.returns)
-        self.fused_terms = self.fused_terms or any(_FUSED_TERM.search(text) for text in (*lines, returns))
+        # (Only what the rewrite wrote: a kernel branch's own .mul_(4) is the printer's, and
+        # a rewrite may write no in-place op at all, 1 / x as torch.reciprocal(x).)
+        rewritten = [new for old, new in zip((*method.lines, method.returns), (*lines, returns)) if new != old]
+        self.reused = self.reused or any(IN_PLACE_CALL.search(text) for text in rewritten)
+        self.fused_terms = self.fused_terms or any(FUSED_TERM.search(text) for text in rewritten)
         return Method(method.params, lines, returns)
 
     def fused(self, saved: list[sympy.Symbol]) -> "_FusedParts":

@@ -301,3 +301,13 @@ def test_eager_classes_keep_the_in_place_forward():
         if "forward" in vars(getattr(module, module.__symgrad__["function"])):
             overridden.append(name)
     assert {"sqrt_inverse", "gelu", "mish"} <= set(overridden), overridden
+
+
+def test_docstring_names_only_what_the_rewrite_wrote():
+    """1/x + x's bodies gain torch.reciprocal and no in-place op: the docstring does not
+    describe in-place methods (review find: it did, whenever a body changed at all)."""
+    source = symgrad.generate_source("1/x + x", "Recip")
+    assert "torch.reciprocal(x)" in source
+    assert "In-place methods" not in source and "addcmul" not in source
+    sinc = symgrad.generate_source("sin(x)/x", "Sinc")
+    assert "In-place methods" in sinc and "A sum's product and quotient terms" in sinc
