@@ -1,10 +1,12 @@
 """A/B timing of two folders of generated modules: one symgrad version against another.
 
-    python benchmarks/ab.py OLD_DIR NEW_DIR [--n 1e7] [--rounds 9] [--system-malloc]
+    python benchmarks/ab.py OLD_DIR NEW_DIR [--n 1e7] [--rounds 9] [--calls 1] [--system-malloc]
 
 Each module present in both folders (same file name) is timed for one forward plus
 backward, the two versions alternating in the same process, each round in the other
-order; the median ratio new/old is printed. A module whose code is the same in both
+order; the median ratio new/old is printed. At small N, where one call takes microseconds,
+``--calls`` times that many calls per round (``--n 8 --calls 2000`` measures the per-call
+overhead). A module whose code is the same in both
 folders is a noise control. Like bench.py, it runs on one thread and, unless
 ``--system-malloc`` is given, with glibc told to keep freed buffers (see bench.py).
 """
@@ -28,10 +30,12 @@ def _load(path: Path, prefix: str):
     return module
 
 
-def _time(torch, function, inputs, upstream) -> float:
+def _time(torch, function, inputs, upstream, calls: int = 1) -> float:
+    """Seconds per call, over ``calls`` calls."""
     start = time.perf_counter()
-    step(torch, function, inputs, upstream)
-    return time.perf_counter() - start
+    for _ in range(calls):
+        step(torch, function, inputs, upstream)
+    return (time.perf_counter() - start) / calls
 
 
 def main() -> int:
@@ -40,6 +44,7 @@ def main() -> int:
     parser.add_argument("new", type=Path)
     parser.add_argument("--n", type=float, default=1e7, help="elements per input (default 1e7)")
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds (default 9)")
+    parser.add_argument("--calls", type=int, default=1, help="calls per timed round (default 1; 1000s at small N)")
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     args = parser.parse_args()
     keep_freed_buffers(args.system_malloc)
@@ -47,7 +52,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     n = int(args.n)
-    print(f"N={n:.0e}, {args.rounds} rounds, allocator: {'glibc defaults' if args.system_malloc else 'buffers kept'}")
+    print(f"N={n:.0e}, {args.rounds} rounds of {args.calls} calls, allocator: {'glibc defaults' if args.system_malloc else 'buffers kept'}")
     for path in sorted(args.old.glob("*.py")):
         other = args.new / path.name
         if path.name == "__init__.py" or not other.exists():
@@ -68,10 +73,11 @@ def main() -> int:
             _time(torch, functions[label], inputs, upstream)
         for round_ in range(args.rounds):
             for label in ("old", "new") if round_ % 2 else ("new", "old"):
-                times[label].append(_time(torch, functions[label], inputs, upstream))
+                times[label].append(_time(torch, functions[label], inputs, upstream, args.calls))
         old_ms, new_ms = (statistics.median(times[k]) * 1e3 for k in ("old", "new"))
+        unit, scale = ("us", 1e3) if old_ms < 1 else ("ms", 1)
         same = path.read_text().splitlines()[6:] == other.read_text().splitlines()[6:]
-        print(f"{path.stem:16s} old {old_ms:9.2f} ms  new {new_ms:9.2f} ms  new/old {new_ms / old_ms:.3f}" + ("  (same code)" if same else ""))
+        print(f"{path.stem:16s} old {old_ms * scale:9.2f} {unit}  new {new_ms * scale:9.2f} {unit}  new/old {new_ms / old_ms:.3f}" + ("  (same code)" if same else ""))
     return 0
 
 

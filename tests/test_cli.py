@@ -37,9 +37,10 @@ def test_generate_writes_module_and_package(tmp_path):
     assert (tmp_path / "generated" / "__init__.py").is_file()
     source = (tmp_path / "generated" / "sqrt_inverse.py").read_text()
     assert "class SqrtInverse(" in source and "def sqrt_inverse(x):" in source
-    # Generated modules import only torch.
+    # Generated modules import only torch (and the standard library's inspect, to set
+    # forward's signature once).
     imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
-    assert imports == ["import torch"]
+    assert imports == ["import inspect", "import torch"]
 
 
 def test_generated_module_runs_like_the_readme(tmp_path):
