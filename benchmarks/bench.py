@@ -225,8 +225,11 @@ def machine_line(torch, threads: int) -> str:
                 break
     except OSError:
         pass
+    # The vector width ATen's kernels were dispatched to: two hosts that both report "AMD EPYC"
+    # ran torch.sigmoid on 1e7 float32 values in 4.2 and 11.4 ms, which moves every ratio.
+    capability = torch.backends.cpu.get_cpu_capability()
     return (
-        f"machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {threads} threads, "
+        f"machine: {cpu} ({capability}), {os.cpu_count()} cores, torch {torch.__version__} with {threads} threads, "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
     )
 

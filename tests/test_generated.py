@@ -250,3 +250,21 @@ def test_compile_matches_eager(module, device):
     for e, c in zip(eager_args, compiled_args):
         if torch.is_tensor(e) and e.requires_grad:
             torch.testing.assert_close(c.grad, e.grad)
+
+
+def test_forward_signature_is_set_once(module):
+    # Function.apply binds each call's arguments with inspect.signature(forward); a set
+    # __signature__ spares rebuilding it per call. It must name forward's real parameters.
+    classes = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, torch.autograd.Function) and value.__module__ == module.__name__
+    ]
+    assert classes
+    for cls in classes:
+        if module.__symgrad__["inplace"]:
+            # forward(ctx, ...) without setup_context: apply binds nothing.
+            assert not hasattr(cls.forward, "__signature__")
+            continue
+        code = cls.forward.__code__
+        assert list(cls.forward.__signature__.parameters) == list(code.co_varnames[: code.co_argcount])
