@@ -4,11 +4,11 @@
 
 Each module present in both folders (same file name) is timed for one forward plus
 backward, the two versions alternating in the same process, each round in the other
-order; the median ratio new/old is printed. At small N, where one call takes microseconds,
-``--calls`` times that many calls per round (``--n 8 --calls 2000`` measures the per-call
-overhead). A module whose code is the same in both
-folders is a noise control. Like bench.py, it runs on one thread and, unless
-``--system-malloc`` is given, with glibc told to keep freed buffers (see bench.py).
+order; the median ratio new/old is printed. A module whose code is the same in both
+folders is a noise control. At small N, where one call takes microseconds, ``--calls``
+times that many calls per round (``--n 8 --calls 1000`` measures the per-call cost).
+Like bench.py, it runs on one thread and, unless ``--system-malloc`` is given, with glibc
+told to keep freed buffers (see bench.py).
 """
 
 from __future__ import annotations

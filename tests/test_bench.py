@@ -53,3 +53,23 @@ def test_every_expression_has_a_baseline_with_the_same_values(tmp_path):
         xs = [x.detach().double() for x in bench.make_inputs(torch, module, 64, "cpu")]
         want = getattr(module, module.__symgrad__["alias"])(*xs)
         torch.testing.assert_close(bench.baseline(torch, module)(*xs), want, rtol=1e-12, atol=1e-12)
+
+
+def test_ab_compares_two_folders_of_modules(tmp_path):
+    """benchmarks/ab.py, which the README's A/B tables come from, runs: two folders of one
+    module each, many calls per round at a small size; no time is asserted."""
+    import symgrad
+
+    for folder, expr in (("old", "x**3"), ("new", "x*x*x")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "cube.py").write_text(symgrad.generate_source(expr, "Cube"))
+    result = subprocess.run(
+        [sys.executable, str(BENCH.parent / "ab.py"), str(tmp_path / "old"), str(tmp_path / "new"), "--n", "8", "--calls", "3", "--rounds", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "rounds of 3 calls" in result.stdout, result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.startswith("cube "))
+    assert " us " in line and "new/old" in line, line
