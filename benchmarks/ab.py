@@ -47,6 +47,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1, help="calls per timed round (default 1; 1000s at small N)")
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     args = parser.parse_args()
+    if args.calls < 1 or args.rounds < 1:
+        parser.error("--calls and --rounds must be at least 1")
     keep_freed_buffers(args.system_malloc)
     import torch
 

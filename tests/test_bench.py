@@ -73,3 +73,14 @@ def test_ab_compares_two_folders_of_modules(tmp_path):
     assert "rounds of 3 calls" in result.stdout, result.stdout
     line = next(line for line in result.stdout.splitlines() if line.startswith("cube "))
     assert " us " in line and "new/old" in line, line
+
+
+def test_ab_refuses_zero_calls(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(BENCH.parent / "ab.py"), str(tmp_path), str(tmp_path), "--calls", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--calls and --rounds must be at least 1" in result.stderr.splitlines()[-1]
