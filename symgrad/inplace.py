@@ -262,11 +262,10 @@ class _Rewriter:
         fused op's dtype is the sum's. Where both the sum and a factor are fresh, the term
         is ``a.add_(l.mul_(r), alpha=c)`` instead: two passes, but no new buffer.
         """
-        term_on_right = _product_term(node.right)
-        if term_on_right is not None:
+        if (term_on_right := _product_term(node.right)) is not None:
             sum_node, term = node.left, term_on_right
-        elif isinstance(node.op, ast.Add) and _product_term(node.left) is not None:
-            sum_node, term = node.right, _product_term(node.left)
+        elif isinstance(node.op, ast.Add) and (term_on_left := _product_term(node.left)) is not None:
+            sum_node, term = node.right, term_on_left
         else:
             return None
         kind, coefficient, first, second = term
