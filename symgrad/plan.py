@@ -48,6 +48,9 @@ class Fused:
 
     runner: str
     cache: str
+    # The module constant that a body's operations times (8192 + its tensors' elements) must
+    # not pass for it to run eagerly on a CPU (small tensors; templates/fused.py.jinja).
+    eager_work: str
     forward_name: str
     forward: Method
     # None under --save speed: backward is one multiplication per input, which runs eagerly
@@ -181,6 +184,7 @@ def _fused_names(alias: str) -> dict[str, str]:
     return {
         "runner": "_fused",
         "cache": "_COMPILED",
+        "eager_work": "_EAGER_WORK_LIMIT",
         "forward": f"_{alias}_forward",
         "backward": f"_{alias}_backward",
         "jvp": f"_{alias}_jvp",
@@ -320,7 +324,7 @@ class _Builder:
             args = ", ".join(self.forward_params())
             value_call = f"{_value_name(self.alias)}({args})"
             if fused:
-                value_call = f"{fused.plan.runner}({_value_name(self.alias)}, {args})"
+                value_call = f"{fused.plan.runner}({_value_name(self.alias)}, {args}, operations={eager_operations(value)})"
         out_of_place_forward = None if fused else self.forward()
         forward = fused.forward_call if fused else self.eager(out_of_place_forward)
         backward = fused.backward_call if fused else self.eager(self.backward(saved), differentiating=True)
@@ -418,7 +422,9 @@ class _Builder:
             would be inaccurate."""
             name, reason = names[kind], _eager_reason(body, scalars)
             bodies.append((kind, name, reason))
-            return f"{runner}({name}, {args})" if reason is None else f"{name}({args})"
+            if reason is not None:
+                return f"{name}({args})"
+            return f"{runner}({name}, {args}, operations={eager_operations(body, scalars)})"
 
         forward, _ = pure(self.forward, self.forward_params())
         forward_call = Method(self.forward_params(), (), call("forward", forward, ", ".join(self.forward_params())))
@@ -448,13 +454,14 @@ class _Builder:
         plan = Fused(
             runner=runner,
             cache=names["cache"],
+            eager_work=names["eager_work"],
             forward_name=names["forward"],
             forward=forward,
             backward_name=names["backward"] if backward else None,
             backward=backward,
             jvp_name=names["jvp"],
             jvp=jvp,
-            description=_fused_description(bodies, speed_backward=backward is None),
+            description=_fused_description(bodies, speed_backward=backward is None, eager_work=names["eager_work"]),
         )
         return _FusedParts(plan, forward_call, backward_call, jvp_call)
 
@@ -941,6 +948,22 @@ def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset
     stays compiled: inductor's kernels for those differ. ``expand`` makes a view and
     ``numel`` an int, no kernel.
     """
+    operators, calls = _tensor_operations(body, scalars)
+    return operators <= 1 and not calls
+
+
+def eager_operations(body: Method, scalars: frozenset[str] = frozenset()) -> int:
+    """How many ATen operations ``body`` runs eagerly: each a kernel launch and a pass over
+    memory, where the compiled body makes one. (Every branch counts, taken or not.)
+
+    The fused runner compares it with the tensors' size to decide whether a compiled call
+    pays (templates/fused.py.jinja). ``scalars`` as for ``_one_elementwise_operation``.
+    """
+    return sum(_tensor_operations(body, scalars))
+
+
+def _tensor_operations(body: Method, scalars: frozenset[str]) -> tuple[int, int]:
+    """``body``'s operators on tensors (not between scalars), and its calls that launch a kernel."""
     tree = ast.parse("\n".join([*body.lines, f"_ = {body.returns}"]))
 
     def is_scalar(node: ast.AST) -> bool:
@@ -952,15 +975,18 @@ def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset
             return is_scalar(node.operand)
         if isinstance(node, ast.Call):
             return _is_method_call(node, "numel")  # (a Python int)
+        if isinstance(node, ast.Compare):
+            return all(is_scalar(side) for side in [node.left, *node.comparators])
         return isinstance(node, ast.BinOp) and is_scalar(node.left) and is_scalar(node.right)
 
-    operations = [
+    operators = [
         n
         for n in ast.walk(tree)
-        if isinstance(n, ast.BinOp) and not is_scalar(n) or isinstance(n, ast.UnaryOp) and not is_scalar(n.operand)
+        if isinstance(n, (ast.BinOp, ast.Compare)) and not is_scalar(n)
+        or isinstance(n, ast.UnaryOp) and not is_scalar(n.operand)
     ]  # (-1 in grad_output * -1 is a constant, not an operation)
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and not _is_method_call(n, "expand", "numel")]
-    return len(operations) <= 1 and not calls
+    return len(operators), len(calls)
 
 
 def _is_method_call(node: ast.Call, *methods: str) -> bool:
@@ -968,11 +994,12 @@ def _is_method_call(node: ast.Call, *methods: str) -> bool:
     return isinstance(node.func, ast.Attribute) and node.func.attr in methods
 
 
-def _fused_description(bodies: list[tuple[str, str, str | None]], speed_backward: bool) -> tuple[str, ...]:
+def _fused_description(bodies: list[tuple[str, str, str | None]], speed_backward: bool, eager_work: str) -> tuple[str, ...]:
     """The fused module's docstring paragraph: which bodies run compiled, which eagerly, and why.
 
     ``bodies`` holds (kind, function name, why it runs eagerly or None) for forward, backward
-    (unless ``speed_backward``) and jvp, in that order.
+    (unless ``speed_backward``) and jvp, in that order; ``eager_work`` names the module's
+    small-tensor limit.
     """
 
     def listed(items: list[str]) -> str:
@@ -1017,9 +1044,10 @@ def _fused_description(bodies: list[tuple[str, str, str | None]], speed_backward
             f"{'The compiled bodies run' if len(compiled) > 1 else listed(compiled) + ' runs'} eagerly"
             " instead, with the same results, where compiling cannot work or would not pay: under"
             f" an outer torch.compile (which traces {'them' if len(compiled) > 1 else 'it'} inline), under torch.func transforms"
-            " (vmap, grad, jacrev, ..., which cannot call a compiled function from eager mode), and"
+            " (vmap, grad, jacrev, ..., which cannot call a compiled function from eager mode),"
             " in double backward (create_graph=True, where the eager body is differentiable as it"
-            " stands)."
+            " stands), and on small CPU tensors, where a compiled call costs more than the eager"
+            f" kernels (`{eager_work}`, below)."
         )
     return tuple(textwrap.wrap(" ".join(text), width=88))
 

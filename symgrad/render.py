@@ -89,7 +89,8 @@ def render(plan: Plan, directory: Path) -> str:
 def _check_contract(plan: Plan, source: str, name: str) -> None:
     """Refuse a module that a custom (or older) template got wrong in ways that would only
     show at run time: a helper its bodies call but it does not define (plan.fused.helpers),
-    or an in-place forward in the torch.compile twin (plan.compiled_forward)."""
+    a fused runner without the ``operations`` its calls pass, or an in-place forward in the
+    torch.compile twin (plan.compiled_forward)."""
     tree = ast.parse(source)
     defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
@@ -98,6 +99,12 @@ def _check_contract(plan: Plan, source: str, name: str) -> None:
         raise SymgradError(
             f"template {name!r} calls {undefined[0]} without defining it: print plan.fused.helpers"
             " (see symgrad's templates/fused.py.jinja)"
+        )
+    runner = plan.fused and next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == plan.fused.runner), None)
+    if runner and not _takes_keyword(runner, "operations"):
+        raise SymgradError(
+            f"template {name!r} defines {plan.fused.runner} without the operations= argument its calls"
+            f" pass: def {plan.fused.runner}(body, *args, operations) (see symgrad's templates/fused.py.jinja)"
         )
     if plan.compiled_forward is None:
         return
@@ -108,6 +115,11 @@ def _check_contract(plan: Plan, source: str, name: str) -> None:
             f"template {name!r} does not give {plan.no_jvp_class} the out-of-place forward:"
             " print plan.compiled_forward there (see symgrad's templates/function.py.jinja)"
         )
+
+
+def _takes_keyword(function: ast.FunctionDef, keyword: str) -> bool:
+    arguments = function.args
+    return arguments.kwarg is not None or keyword in [a.arg for a in arguments.args + arguments.kwonlyargs]
 
 
 def _is_in_place_call(node: ast.AST) -> bool:

@@ -43,7 +43,19 @@ def generated_names() -> list[str]:
 
 
 def load(name: str):
-    return importlib.import_module(f"generated.{name}")
+    return compiled_at_every_size(importlib.import_module(f"generated.{name}"))
+
+
+def compiled_at_every_size(module):
+    """Make a fused module compile its bodies for tensors of any size, as for large ones.
+
+    The tests' tensors are small, which a fused module would otherwise run eagerly on a CPU
+    (its ``_EAGER_WORK_LIMIT``); its contracts must hold for the compiled bodies too.
+    tests/test_fused.py checks the small-tensor path itself. A default module is returned as it is.
+    """
+    if hasattr(module, "_EAGER_WORK_LIMIT"):
+        module._EAGER_WORK_LIMIT = 0
+    return module
 
 
 @pytest.fixture(params=generated_names())

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import symgrad
+from conftest import compiled_at_every_size
 
 EXPR = "alpha*x*y + log(1 + y**2)*exp(-x)"
 
@@ -33,7 +34,8 @@ def modules(tmp_path_factory):
         (package / f"{name.lower()}.py").write_text(source)
     sys.path.insert(0, str(root))
     try:
-        yield importlib.import_module("fused_modules.plain"), importlib.import_module("fused_modules.fused")
+        fused = compiled_at_every_size(importlib.import_module("fused_modules.fused"))
+        yield importlib.import_module("fused_modules.plain"), fused
     finally:
         sys.path.remove(str(root))
 
@@ -177,7 +179,7 @@ def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path, device
     (tmp_path / f"{module_name}.py").write_text(symgrad.generate_source(expr, "OneOp", fuse=True))
     sys.path.insert(0, str(tmp_path))
     try:
-        module = importlib.import_module(module_name)
+        module = compiled_at_every_size(importlib.import_module(module_name))
     finally:
         sys.path.remove(str(tmp_path))
     x = torch.rand(5, dtype=torch.float64, device=device, requires_grad=True)
@@ -227,6 +229,109 @@ def test_operations_between_scalars_are_not_passes_over_memory(returns, scalars,
 
     body = Method(("g", "x", "a", "shape"), (), returns)
     assert _one_elementwise_operation(body, frozenset(scalars)) is eager
+
+
+def _fresh_module(tmp_path, expr: str, name: str, **options):
+    """Generate and import a fused module, with its own small-tensor limit left as generated."""
+    module_name = "small_" + name.lower()
+    (tmp_path / f"{module_name}.py").write_text(symgrad.generate_source(expr, name, fuse=True, **options))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def _operations(module, body_name: str) -> int:
+    """The ``operations=`` count the module passes to the runner for this body."""
+    import re
+
+    source = open(module.__file__).read()
+    return int(re.search(rf"_fused\(_{body_name}\b.*?operations=(\d+)\)", source, re.S).group(1))
+
+
+def test_small_cpu_tensors_run_the_bodies_eagerly(tmp_path, device):
+    """On a CPU a compiled call costs more than a short body's eager kernels on a small tensor,
+    so the runner calls the body directly there: no compile, the same values. Past the limit
+    (operations times 8192 more than the elements), or on another device, the bodies compile."""
+    module = _fresh_module(tmp_path, "sin(x)*x", "SinTimes")
+    operations = {kind: _operations(module, f"sin_times_{kind}") for kind in ("forward", "backward")}
+    assert operations == {"forward": 2, "backward": 5}  # (sin, *; cos, *, +, *: grad_output * (cos(x)*x + sin(x)))
+    limit = module._EAGER_WORK_LIMIT
+    assert limit == 2**17
+
+    def check(numel: int) -> None:
+        x = torch.rand(numel, dtype=torch.float64, device=device, requires_grad=True)
+        y = module.sin_times(x)
+        (g,) = torch.autograd.grad(y.sum(), x)
+        x2 = x.detach().requires_grad_()
+        want = torch.sin(x2) * x2
+        torch.testing.assert_close(y, want)
+        torch.testing.assert_close(g, torch.autograd.grad(want.sum(), x2)[0])
+
+    def largest_eager(kind: str) -> int:
+        return limit // operations[kind] - 8192
+
+    forward, backward = module._sin_times_forward, module._sin_times_backward
+    check(largest_eager("backward"))  # (18022 elements) both bodies run eagerly
+    assert set(module._COMPILED) == (set() if device.type == "cpu" else {forward, backward})
+    check(largest_eager("backward") + 1)  # backward compiles, forward still runs eagerly
+    assert set(module._COMPILED) == ({backward} if device.type == "cpu" else {forward, backward})
+    check(largest_eager("forward") + 1)  # (57345 elements)
+    assert set(module._COMPILED) == {forward, backward}
+
+
+def test_small_tensor_limit_zero_compiles_every_call(tmp_path, device):
+    module = _fresh_module(tmp_path, "sin(x)*x", "SinTimesZero")
+    module._EAGER_WORK_LIMIT = 0
+    x = torch.rand(3, dtype=torch.float64, device=device, requires_grad=True)
+    module.sin_times_zero(x).sum().backward()
+    assert set(module._COMPILED) == {module._sin_times_zero_forward, module._sin_times_zero_backward}
+
+
+def test_long_bodies_compile_even_on_small_tensors(tmp_path, device):
+    """Each eager operation costs a few microseconds of its own: a body of 16 or more runs
+    compiled at any size (the bench's 20-operation expression, 24 in forward and 49 in
+    backward, is 1.6x faster compiled even at 256 elements)."""
+    expr = "x*sin(x) + cos(x)*exp(-x) + tanh(x)*x**2 + log(1 + x**2) + sqrt(1 + x**2) + atan(x)/(2 + x)"
+    module = _fresh_module(tmp_path, expr, "LongBody")
+    assert _operations(module, "long_body_forward") > 16
+    x = torch.rand(8, dtype=torch.float64, device=device, requires_grad=True)
+    module.long_body(x).sum().backward()
+    assert module._long_body_forward in module._COMPILED
+
+
+@pytest.mark.parametrize("limit", [0, 2**17])
+def test_inference_runs_the_value_body_through_the_runner(limit, tmp_path, device):
+    """Under no_grad a fused --save speed module computes the outputs alone (no derivatives),
+    compiled or, on small CPU tensors, eagerly."""
+    module = _fresh_module(tmp_path, "x*tanh(log(1+exp(x)))", f"MishValue{limit}", save="speed")
+    module._EAGER_WORK_LIMIT = limit
+    x = torch.linspace(-3, 3, 7, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        y = getattr(module, f"mish_value{limit}")(x)
+    torch.testing.assert_close(y, x * torch.tanh(torch.nn.functional.softplus(x)))
+    value = getattr(module, f"_mish_value{limit}_value")
+    assert set(module._COMPILED) == (set() if limit and device.type == "cpu" else {value})
+
+
+@pytest.mark.parametrize(
+    "returns, scalars, operations",
+    [
+        ("torch.exp(x) * 2 + x", set(), 3),
+        ("torch.where(x > 0, -x, x)", set(), 3),  # where, >, and -x
+        ("(g * 2 * a * x).expand(shape)", {"g", "a"}, 1),  # only * x touches a full-size tensor
+        ("g * (a > 1)", {"g", "a"}, 0),
+        ("g * x.sum()", set(), 2),
+    ],
+)
+def test_eager_operations_counts_kernels(returns, scalars, operations):
+    """plan.eager_operations counts what the eager body launches: operators and comparisons on
+    tensors, and calls (a view or a Python int is none)."""
+    from symgrad.plan import Method, eager_operations
+
+    body = Method(("g", "x", "a", "shape"), (), returns)
+    assert eager_operations(body, frozenset(scalars)) == operations
 
 
 def test_fuse_and_inplace_are_refused():

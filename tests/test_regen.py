@@ -386,6 +386,21 @@ def test_template_without_the_fused_helpers_is_refused(cli, tmp_path):
     assert cli("x**3", "--name", "Cube", "--fuse", "--templates", "old")[0] == 0  # (no sigmoid: no helper)
 
 
+def test_fused_template_whose_runner_takes_no_operations_is_refused(cli, tmp_path):
+    """A copy of fused.py.jinja from before the small-tensor rule defines _fused(body, *args):
+    every call, which now passes operations=, would raise TypeError. Refused, nothing written."""
+    folder = custom_templates(tmp_path / "old", "before operations")
+    text = (folder / "fused.py.jinja").read_text()
+    new_runner = "def {{ plan.fused.runner }}(body, *args, operations):"
+    assert new_runner in text
+    (folder / "fused.py.jinja").write_text(text.replace(new_runner, "def {{ plan.fused.runner }}(body, *args):"))
+    assert_error(
+        cli("x**3", "--name", "Cube", "--fuse", "--templates", "old"),
+        "template 'fused.py.jinja' defines _fused without the operations= argument its calls pass",
+    )
+    assert not (tmp_path / "generated" / "cube.py").exists()
+
+
 def test_template_with_an_in_place_compile_twin_is_refused(cli, tmp_path):
     """A custom function.py.jinja that gives the torch.compile twin the in-place forward
     (plan.forward, not plan.compiled_forward) brings back torch 2.11's zero gradients."""

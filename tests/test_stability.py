@@ -31,6 +31,8 @@ from symgrad.api import generate_source
 from symgrad.errors import SymgradError
 from symgrad.stable import stabilize
 
+from conftest import compiled_at_every_size
+
 mp = mpmath.mp
 DPS = 50
 
@@ -227,7 +229,7 @@ def load(case: Case, directory, save: str = "memory", fuse: bool = False) -> obj
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # before exec_module, as torch.compile needs
     spec.loader.exec_module(module)
-    _MODULES[key] = module
+    _MODULES[key] = compiled_at_every_size(module)
     return module
 
 
