@@ -25,6 +25,10 @@ with a fixed upstream gradient) for six variants:
 
 Times are the median (with min and max) over ``--repeats`` runs after warm-up. The
 first call of ``compile`` and ``fused`` includes compiling; it is reported separately.
+Fused modules run as shipped: on small CPU tensors (below 122,880 elements for a
+1-operation body, fewer for longer ones; ``_EAGER_WORK_LIMIT`` in a fused module) their
+short bodies run eagerly, so at such ``--sizes`` the fused columns time that eager path
+and compile only the bodies past the limit.
 Saved bytes are the unique storages that autograd keeps for backward, counted with
 ``torch.autograd.graph.saved_tensors_hooks`` (inputs included when they are saved).
 The bandwidth floor is the traffic fwd+bwd cannot avoid, divided by the measured copy

@@ -48,8 +48,9 @@ class Fused:
 
     runner: str
     cache: str
-    # The module constant that a body's operations times (8192 + its tensors' elements) must
-    # not pass for it to run eagerly on a CPU (small tensors; templates/fused.py.jinja).
+    # The module constant that a body's operations times (8192 + the elements of the result
+    # its tensors broadcast to) must stay below for it to run eagerly on a CPU (small
+    # tensors; templates/fused.py.jinja).
     eager_work: str
     forward_name: str
     forward: Method
@@ -323,7 +324,7 @@ class _Builder:
                 value = self.eager(value)
             args = ", ".join(self.forward_params())
             value_call = f"{_value_name(self.alias)}({args})"
-            if fused:
+            if fused and _eager_reason(value, frozenset()) is None:
                 value_call = f"{fused.plan.runner}({_value_name(self.alias)}, {args}, operations={eager_operations(value)})"
         out_of_place_forward = None if fused else self.forward()
         forward = fused.forward_call if fused else self.eager(out_of_place_forward)
@@ -946,7 +947,7 @@ def _one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset
     sum's backward at 1e7, 3.0 ms against 3.7), and the compiled call would only add
     Dynamo's guard check. A body with a function call (exp, sigmoid, ..., or a reduction)
     stays compiled: inductor's kernels for those differ. ``expand`` makes a view and
-    ``numel`` an int, no kernel.
+    ``numel`` an int, no kernel. A comparison on a tensor is an operation too (a kernel).
     """
     operators, calls = _tensor_operations(body, scalars)
     return operators <= 1 and not calls
@@ -957,7 +958,9 @@ def eager_operations(body: Method, scalars: frozenset[str] = frozenset()) -> int
     memory, where the compiled body makes one. (Every branch counts, taken or not.)
 
     The fused runner compares it with the tensors' size to decide whether a compiled call
-    pays (templates/fused.py.jinja). ``scalars`` as for ``_one_elementwise_operation``.
+    pays (templates/fused.py.jinja). Where it errs, it counts too many (every
+    ``needs_input_grad`` branch, a ``sum_to_size`` that is a view), which only makes a body
+    compile sooner. ``scalars`` as for ``_one_elementwise_operation``.
     """
     return sum(_tensor_operations(body, scalars))
 
@@ -1042,7 +1045,7 @@ def _fused_description(bodies: list[tuple[str, str, str | None]], speed_backward
     if compiled:
         text.append(
             f"{'The compiled bodies run' if len(compiled) > 1 else listed(compiled) + ' runs'} eagerly"
-            " instead, with the same results, where compiling cannot work or would not pay: under"
+            " instead, with the same results up to rounding, where compiling cannot work or would not pay: under"
             f" an outer torch.compile (which traces {'them' if len(compiled) > 1 else 'it'} inline), under torch.func transforms"
             " (vmap, grad, jacrev, ..., which cannot call a compiled function from eager mode),"
             " in double backward (create_graph=True, where the eager body is differentiable as it"

@@ -118,8 +118,9 @@ def _check_contract(plan: Plan, source: str, name: str) -> None:
 
 
 def _takes_keyword(function: ast.FunctionDef, keyword: str) -> bool:
+    """Whether ``function(body, *args, keyword=...)`` binds: a keyword-only or ``**`` parameter."""
     arguments = function.args
-    return arguments.kwarg is not None or keyword in [a.arg for a in arguments.args + arguments.kwonlyargs]
+    return arguments.kwarg is not None or keyword in [a.arg for a in arguments.kwonlyargs]
 
 
 def _is_in_place_call(node: ast.AST) -> bool:

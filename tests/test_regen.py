@@ -386,14 +386,16 @@ def test_template_without_the_fused_helpers_is_refused(cli, tmp_path):
     assert cli("x**3", "--name", "Cube", "--fuse", "--templates", "old")[0] == 0  # (no sigmoid: no helper)
 
 
-def test_fused_template_whose_runner_takes_no_operations_is_refused(cli, tmp_path):
+@pytest.mark.parametrize("parameters", ["body, *args", "body, operations, *args"])
+def test_fused_template_whose_runner_takes_no_operations_is_refused(parameters, cli, tmp_path):
     """A copy of fused.py.jinja from before the small-tensor rule defines _fused(body, *args):
-    every call, which now passes operations=, would raise TypeError. Refused, nothing written."""
+    every call, which now passes operations=, would raise TypeError (as it would with
+    operations before *args: "multiple values"). Refused, nothing written."""
     folder = custom_templates(tmp_path / "old", "before operations")
     text = (folder / "fused.py.jinja").read_text()
     new_runner = "def {{ plan.fused.runner }}(body, *args, operations):"
     assert new_runner in text
-    (folder / "fused.py.jinja").write_text(text.replace(new_runner, "def {{ plan.fused.runner }}(body, *args):"))
+    (folder / "fused.py.jinja").write_text(text.replace(new_runner, f"def {{{{ plan.fused.runner }}}}({parameters}):"))
     assert_error(
         cli("x**3", "--name", "Cube", "--fuse", "--templates", "old"),
         "template 'fused.py.jinja' defines _fused without the operations= argument its calls pass",

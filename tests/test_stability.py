@@ -206,10 +206,13 @@ CASES = [
 _MODULES: dict[str, object] = {}
 
 
-def load(case: Case, directory, save: str = "memory", fuse: bool = False) -> object:
-    """Generate, write and import the case's module (cached per test session)."""
+def load(case: Case, directory, save: str = "memory", fuse: bool = False, small_eager: bool = False) -> object:
+    """Generate, write and import the case's module (cached per test session). A fused one
+    compiles its bodies at every size unless ``small_eager``: then small CPU tensors run
+    them eagerly, as they do by default."""
     key = case.name if save == "memory" else f"{case.name}_{save}"
     key += "_fused" if fuse else ""
+    key += "_small_eager" if small_eager else ""
     if key in _MODULES:
         return _MODULES[key]
     try:
@@ -229,7 +232,7 @@ def load(case: Case, directory, save: str = "memory", fuse: bool = False) -> obj
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # before exec_module, as torch.compile needs
     spec.loader.exec_module(module)
-    _MODULES[key] = compiled_at_every_size(module)
+    _MODULES[key] = module if small_eager else compiled_at_every_size(module)
     return module
 
 
@@ -360,6 +363,25 @@ def test_fused_values_and_gradients_match_exact_math(case, dtype, save, gen_dir,
     # test calls is compiled)
     compiled_here = re.search(r"\b_fused\(_\w+_(forward|backward)\b", Path(module.__file__).read_text())
     assert module._COMPILED or not compiled_here, "the compiled bodies did not run"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
+def test_fused_small_tensors_run_eagerly_and_match_exact_math(case, dtype, gen_dir, device):
+    """What a fused module does by default with small CPU tensors: it runs its bodies eagerly
+    (the other fused tests compile them at every size). They must be as accurate that way."""
+    module = load(case, gen_dir, fuse=True, small_eager=True)
+    rtol = case.rtol.get(dtype, RTOL[dtype])
+    bad = []
+    for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype, device):
+        if value_error > rtol or any(e > rtol for e in grad_errors):
+            bad.append((point, value_error, grad_errors))
+    assert not bad, f"{case.name} fused, eager ({dtype}): relative errors above {rtol} at {bad}"
+    if torch.device(device).type == "cpu":
+        # Only a body of 16 operations or more (Mish's backward) compiles at any size.
+        operations = dict(re.findall(r"_fused\(\s*(\w+),.*?operations=(\d+)", Path(module.__file__).read_text(), re.S))
+        long_bodies = {name for name, count in operations.items() if int(count) >= 16}
+        assert {body.__name__ for body in module._COMPILED} <= long_bodies, "small CPU tensors compiled a short body"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
