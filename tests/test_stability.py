@@ -328,18 +328,22 @@ def errors(case: Case, fn, dtype, device="cpu"):
     return rows
 
 
-@pytest.mark.parametrize("save", ["memory", "speed"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir, device):
-    """Both save policies: --save speed computes the same stable derivative, in forward."""
-    module = load(case, gen_dir, save)
+def _assert_matches_exact_math(case: Case, module, dtype, device, label: str) -> None:
+    """The module's values and gradients at the case's points, within its relative tolerance."""
     rtol = case.rtol.get(dtype, RTOL[dtype])
     bad = []
     for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype, device):
         if value_error > rtol or any(e > rtol for e in grad_errors):
             bad.append((point, value_error, grad_errors))
-    assert not bad, f"{case.name} ({dtype}): relative errors above {rtol} at {bad}"
+    assert not bad, f"{case.name}{label} ({dtype}): relative errors above {rtol} at {bad}"
+
+
+@pytest.mark.parametrize("save", ["memory", "speed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir, device):
+    """Both save policies: --save speed computes the same stable derivative, in forward."""
+    _assert_matches_exact_math(case, load(case, gen_dir, save), dtype, device, "")
 
 
 # Fused modules compute some functions another way (derive.cheaper_fused_form: Mish's
@@ -353,12 +357,7 @@ FUSED_CASES = [c for c in CASES if c.name in ("mish", "silu", "softplus", "sigmo
 @pytest.mark.parametrize("case", FUSED_CASES, ids=[c.name for c in FUSED_CASES])
 def test_fused_values_and_gradients_match_exact_math(case, dtype, save, gen_dir, device):
     module = load(case, gen_dir, save, fuse=True)
-    rtol = case.rtol.get(dtype, RTOL[dtype])
-    bad = []
-    for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype, device):
-        if value_error > rtol or any(e > rtol for e in grad_errors):
-            bad.append((point, value_error, grad_errors))
-    assert not bad, f"{case.name} fused ({dtype}): relative errors above {rtol} at {bad}"
+    _assert_matches_exact_math(case, module, dtype, device, " fused")
     # (elu's forward calls expm1 and runs eagerly, plan.INDUCTOR_INACCURATE: then nothing the
     # test calls is compiled)
     compiled_here = re.search(r"\b_fused\(_\w+_(forward|backward)\b", Path(module.__file__).read_text())
@@ -371,12 +370,7 @@ def test_fused_small_tensors_run_eagerly_and_match_exact_math(case, dtype, gen_d
     """What a fused module does by default with small CPU tensors: it runs its bodies eagerly
     (the other fused tests compile them at every size). They must be as accurate that way."""
     module = load(case, gen_dir, fuse=True, small_eager=True)
-    rtol = case.rtol.get(dtype, RTOL[dtype])
-    bad = []
-    for point, value_error, grad_errors in errors(case, lambda *a: apply(module, *a), dtype, device):
-        if value_error > rtol or any(e > rtol for e in grad_errors):
-            bad.append((point, value_error, grad_errors))
-    assert not bad, f"{case.name} fused, eager ({dtype}): relative errors above {rtol} at {bad}"
+    _assert_matches_exact_math(case, module, dtype, device, " fused, eager")
     if torch.device(device).type == "cpu":
         # Only a body of 16 operations or more (Mish's backward) compiles at any size.
         operations = dict(re.findall(r"_fused\(\s*(\w+),.*?operations=(\d+)", Path(module.__file__).read_text(), re.S))
