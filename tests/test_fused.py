@@ -308,13 +308,7 @@ def test_long_bodies_compile_even_on_small_tensors(tmp_path, device):
 def test_small_inputs_that_broadcast_to_a_large_result_compile(tmp_path, device):
     """The size that counts is the result's: x of (n, 1) and y of (1, n) make n * n elements
     (a forward of 6 operations on 1000 * 1000 ran 2.9x slower eagerly, found in review)."""
-    source = symgrad.generate_source("x*sin(y) + y*exp(-x)", "Outer", inputs=["x", "y"], fuse=True)
-    (tmp_path / "small_outer.py").write_text(source)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        module = importlib.import_module("small_outer")
-    finally:
-        sys.path.remove(str(tmp_path))
+    module = _fresh_module(tmp_path, "x*sin(y) + y*exp(-x)", "Outer", inputs=["x", "y"])
     for n, compiled in ((8, False), (1000, True)):
         x = torch.rand(n, 1, dtype=torch.float64, device=device)
         y = torch.rand(1, n, dtype=torch.float64, device=device)
