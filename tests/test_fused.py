@@ -18,6 +18,7 @@ import torch
 
 import symgrad
 from conftest import compiled_at_every_size
+from test_fuzz import import_source
 
 EXPR = "alpha*x*y + log(1 + y**2)*exp(-x)"
 
@@ -120,13 +121,7 @@ def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path, device):
     of -|x|, and Mish from one sigmoid (derive.cheaper_fused_form); double backward
     differentiates those bodies eagerly, so they must be exact under autograd too, at 0 and
     in the tails."""
-    module_name = "cheap_fused_" + str(sorted(MP_FUNCTIONS).index(expr))
-    (tmp_path / f"{module_name}.py").write_text(symgrad.generate_source(expr, "CheapFused", fuse=True))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        fused = importlib.import_module(module_name)
-    finally:
-        sys.path.remove(str(tmp_path))
+    fused = import_source(symgrad.generate_source(expr, "CheapFused", fuse=True), tmp_path)
     points = [-30.0, -2.5, -1e-3, 0.0, 1e-3, 0.7, 4.0, 18.0, 30.0]
     x = torch.tensor(points, dtype=torch.float64, device=device, requires_grad=True)
     assert torch.autograd.gradgradcheck(fused.cheap_fused, (x,))
@@ -175,13 +170,7 @@ def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path, device
     an eager kernel is as fast, and the compiled call would add only a guard check. So is a
     body that calls a function inductor computes inaccurately. Any other body with more, or
     with a function call, runs compiled."""
-    module_name = "one_op_" + "".join(c for c in expr if c.isalnum())
-    (tmp_path / f"{module_name}.py").write_text(symgrad.generate_source(expr, "OneOp", fuse=True))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        module = compiled_at_every_size(importlib.import_module(module_name))
-    finally:
-        sys.path.remove(str(tmp_path))
+    module = compiled_at_every_size(import_source(symgrad.generate_source(expr, "OneOp", fuse=True), tmp_path))
     x = torch.rand(5, dtype=torch.float64, device=device, requires_grad=True)
     y = module.one_op(x)
     (g,) = torch.autograd.grad(y.sum(), x)
@@ -234,13 +223,7 @@ def test_operations_between_scalars_are_not_passes_over_memory(returns, scalars,
 
 def _fresh_module(tmp_path, expr: str, name: str, **options):
     """Generate and import a fused module, with its own small-tensor limit left as generated."""
-    module_name = "small_" + name.lower()
-    (tmp_path / f"{module_name}.py").write_text(symgrad.generate_source(expr, name, fuse=True, **options))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        return importlib.import_module(module_name)
-    finally:
-        sys.path.remove(str(tmp_path))
+    return import_source(symgrad.generate_source(expr, name, fuse=True, **options), tmp_path)
 
 
 def _operations(module, body_name: str) -> int:
@@ -286,11 +269,11 @@ def test_small_cpu_tensors_run_the_bodies_eagerly(tmp_path, device):
 
 
 def test_small_tensor_limit_zero_compiles_every_call(tmp_path, device):
-    module = _fresh_module(tmp_path, "sin(x)*x", "SinTimesZero")
+    module = _fresh_module(tmp_path, "sin(x)*x", "SinTimes")
     module._EAGER_WORK_LIMIT = 0
     x = torch.rand(3, dtype=torch.float64, device=device, requires_grad=True)
-    module.sin_times_zero(x).sum().backward()
-    assert set(module._COMPILED) == {module._sin_times_zero_forward, module._sin_times_zero_backward}
+    module.sin_times(x).sum().backward()
+    assert set(module._COMPILED) == {module._sin_times_forward, module._sin_times_backward}
 
 
 def test_long_bodies_compile_even_on_small_tensors(tmp_path, device):
@@ -321,14 +304,12 @@ def test_half_precision_always_compiles(dtype, tmp_path, device):
     """A compiled body computes float16 and bfloat16 in float32 and rounds once; eager kernels
     round at every step (GELU's bfloat16 value 2.7e-2 off eagerly, 3.8e-3 compiled, found in
     review). So small tensors of those dtypes still compile, and their size never decides."""
-    module = _fresh_module(tmp_path, "sin(x)*x", f"SinTimesHalf{str(dtype)[-4:]}")
-    alias = getattr(module, f"sin_times_half{str(dtype)[-4:]}")
+    module = _fresh_module(tmp_path, "sin(x)*x", "SinTimesHalf")
     x = torch.rand(5, dtype=torch.float64, device=device)
-    y = alias(x.to(dtype))
+    y = module.sin_times_half(x.to(dtype))
     assert y.dtype == dtype
     torch.testing.assert_close(y.double(), torch.sin(x) * x, rtol=1e-2, atol=1e-2)
-    forward = getattr(module, f"_sin_times_half{str(dtype)[-4:]}_forward")
-    assert set(module._COMPILED) == {forward}
+    assert set(module._COMPILED) == {module._sin_times_half_forward}
 
 
 def test_value_body_with_an_inaccurate_inductor_call_runs_eagerly(tmp_path):
@@ -350,14 +331,13 @@ def test_value_body_with_an_inaccurate_inductor_call_runs_eagerly(tmp_path):
 def test_inference_runs_the_value_body_through_the_runner(limit, tmp_path, device):
     """Under no_grad a fused --save speed module computes the outputs alone (no derivatives),
     compiled or, on small CPU tensors, eagerly."""
-    module = _fresh_module(tmp_path, "x*tanh(log(1+exp(x)))", f"MishValue{limit}", save="speed")
+    module = _fresh_module(tmp_path, "x*tanh(log(1+exp(x)))", "MishValue", save="speed")
     module._EAGER_WORK_LIMIT = limit
     x = torch.linspace(-3, 3, 7, dtype=torch.float64, device=device)
     with torch.no_grad():
-        y = getattr(module, f"mish_value{limit}")(x)
+        y = module.mish_value(x)
     torch.testing.assert_close(y, x * torch.tanh(torch.nn.functional.softplus(x)))
-    value = getattr(module, f"_mish_value{limit}_value")
-    assert set(module._COMPILED) == (set() if limit and device.type == "cpu" else {value})
+    assert set(module._COMPILED) == (set() if limit and device.type == "cpu" else {module._mish_value_value})
 
 
 @pytest.mark.parametrize(
