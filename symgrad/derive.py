@@ -125,6 +125,8 @@ def derive(parsed: Parsed) -> Derivation:
     # docstring lists; the fused forms' reuse happens after their identities).
     documented = stable if parsed.spec.fuse else _reusing_shared_work(stable)
     gradients = _reusing_shared_work([_cheaper_forms(row, identities, parsed.spec.fuse) for row in stable])
+    if not parsed.spec.fuse:
+        gradients = _differentiable_sech(gradients, identities)
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -160,6 +162,33 @@ def _refuse_interval_values(parsed: Parsed, gradients: list[tuple[sympy.Expr, ..
                 raise SymgradError(
                     f"the derivative of {_shown(out.expr)} by {symbol} is complex or undefined: {_shown(gradient)}"
                 )
+
+
+def _differentiable_sech(gradients: list[tuple[sympy.Expr, ...]], identities: set[str]) -> list[tuple[sympy.Expr, ...]]:
+    """Eager gradients with each 1/cosh(u)**(2k) left after reuse_shared_work as
+    (4*sigmoid(2u)*sigmoid(-2u))**k, adding the identity's name to ``identities``.
+
+    Whatever the cost: autograd differentiates cosh(u)**-2 (double backward, which runs the
+    formula) as -2*sinh(u)*cosh(u)**-3, inf*0 = nan from |u| = 90 in float32, where the
+    sigmoids' derivatives are finite; so is that of 1 - tanh(u)**2, the form reuse gives where
+    tanh(u) is at hand (found by a double-backward survey). (tanh's own first-order gradient
+    is an ATen kernel, symgrad.kernels, which takes this form too.)
+    """
+    rewritten = []
+    for row in gradients:
+        new_row = []
+        for gradient in row:
+            rules = {
+                node: (4 * sigmoid(2 * node.base.args[0]) * sigmoid(-2 * node.base.args[0])) ** (-node.exp // 2)
+                for node in sympy.preorder_traversal(gradient)
+                if _is_sech_power(node)
+            }
+            if rules:
+                gradient = gradient.xreplace(rules)
+                identities.add("sech_sigmoids")
+            new_row.append(gradient)
+        rewritten.append(tuple(new_row))
+    return rewritten
 
 
 def _reusing_shared_work(gradients: list[tuple[sympy.Expr, ...]]) -> list[tuple[sympy.Expr, ...]]:
@@ -209,6 +238,7 @@ IDENTITIES = {
     "sech": "1/cosh(u)**2 = 4*s*(1 - s), with s = sigmoid(-2*|u|)",
     "sech_sigmoids": "1/cosh(u)**2 = 4*sigmoid(2*u)*sigmoid(-2*u)",
     "sigmoid_pair": "sigmoid(u)*sigmoid(-u) = s*(1 - s), with s = sigmoid(-|u|)",
+    "sigmoid_split": "sigmoid(u) = 1 - s if u > 0 else s, with s = sigmoid(-|u|)",
     "tanh_softplus": "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)",
     "cosh_softplus": "cosh(softplus(u)) = (1 + (1 - s)**2)/(2*(1 - s)), with s = sigmoid(u)",
 }
@@ -330,8 +360,8 @@ def cheaper_eager_form(expr: sympy.Expr) -> sympy.Expr:
       sigmoid kernels instead of the scaling, a slow cosh, a square and a divide (20.1 ms
       against 26.9 ms for the backward at 1e7 on this CPU, grad_output included). Both
       factors are accurate, so the product is, at every x. tanh's 1/cosh(x)**2 keeps its
-      form: the arguments 2x and -2x and the factor 4 cost more than the cosh saves (26.5
-      ms against 20.9).
+      form here: the arguments 2x and -2x and the factor 4 cost more than the cosh saves
+      (26.5 ms against 20.9). (But see _differentiable_sech.)
     - tanh(softplus(u)) and cosh(softplus(u)) (Mish and its derivative) become rational in
       s = sigmoid(u), as in cheaper_fused_form: a sigmoid and a few arithmetic kernels
       instead of softplus and tanh, the two slowest, and the derivative's own sigmoid(u) is
@@ -489,6 +519,143 @@ _FLOAT32_TINY = 2.0**-126  # the smallest normal float32
 _FLOAT32_MAX = (2 - 2.0**-23) * 2.0**127
 
 
+# (bits of precision, largest finite value, smallest subnormal) of float32 and float64.
+_FLOAT_FORMATS = ((24, _FLOAT32_MAX, 2.0**-149), (53, 1.7976931348623157e308, 2.0**-1074))
+# What an exponential function beyond mpmath's probe limit is in floating point.
+_BEYOND_PROBE = {
+    "exp": lambda a: mpmath.inf if a > 0 else mpmath.mpf(0),
+    "expm1": lambda a: mpmath.inf if a > 0 else mpmath.mpf(-1),
+    "sinh": lambda a: mpmath.inf if a > 0 else -mpmath.inf,
+    "cosh": lambda a: mpmath.inf,
+}
+
+
+def _in_float_range(evaluate, largest: float, smallest: float):
+    """Make every function the probe code calls round its result to a float format's range,
+    as torch computes: beyond ``largest`` it is inf, below ``smallest`` 0. mpmath has no
+    overflow, so cosh(x)**-3 stays accurate there at any x where float32 has inf (and
+    inf*0 and inf/inf, nan, follow from mpmath's own arithmetic on inf)."""
+    namespace = evaluate.__globals__
+    functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
+    for name, value in list(namespace.items()):
+        if name.startswith("_") and name != "_probe_power" or not isinstance(value, functions):
+            continue
+        namespace[name] = _rounded_to_range(value, largest, smallest, _BEYOND_PROBE.get(name))
+    return evaluate
+
+
+def _rounded_to_range(fn, largest: float, smallest: float, beyond_probe):
+    def rounded(*args):
+        try:
+            value = fn(*args)
+        except OverflowError:
+            if beyond_probe is None:
+                raise
+            return beyond_probe(*args)
+        if isinstance(value, mpmath.mpf) and mpmath.isfinite(value):
+            if abs(value) > largest:
+                return mpmath.inf if value > 0 else -mpmath.inf
+            if abs(value) < smallest:
+                return mpmath.mpf(0)
+        return value
+
+    return rounded
+
+
+# A second derivative this far off in float arithmetic is not rounding but a form that
+# overflows or cancels (SiLU's, with sinh(x/2) and sqrt(sigmoid(-x)) as SymPy simplifies it,
+# was 1.0 at x = 100 in float32 where the truth is -3.6e-42).
+_SECOND_DERIVATIVE_MAX_ERROR = 1e-3
+
+
+_PROBE_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, MemoryError)
+# The probes for two symbols: every pair of REUSE_PROBES would be 3844 points.
+_PAIR_PROBES = (0.001, 0.5, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1e3, 3e3, 1e4)
+# A reference value that is finite but cancels beyond the precisions tried: x = 1e4 in the
+# simplified second derivative of SiLU, ((exp(x) + 1)/cosh(x/2)**2 - ...)/4, needs 14,000 bits.
+_UNRESOLVED = object()
+# The probes stop where the stability tests' points do, at 1e4: beyond, the user's own
+# expression fails in float32 (exp(-x)*log1p(y**2) is 0*inf = nan at x = 300, y = 1e30,
+# forward included), so no form of its derivatives could be told from another there.
+_SECOND_DERIVATIVE_PROBE_MAX = 1e4
+
+
+def _exact_value(evaluate, point):
+    """The value at ``point``, at a precision that two evaluations agree on (about 60 bits);
+    _UNRESOLVED where they never agree but are finite; None where it is not a finite real."""
+    previous = None
+    for bits in (300, 1200, 4800):
+        try:
+            with mpmath.workprec(bits):
+                value = evaluate(*point)
+        except _PROBE_FAILURES:
+            return None
+        if not (isinstance(value, mpmath.mpf) and mpmath.isfinite(value)):
+            return None
+        if previous is not None and abs(value - previous) <= 2.0**-60 * abs(value):
+            return value
+        previous = value
+    return _UNRESOLVED
+
+
+def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
+    """Whether ``candidate`` (equal to ``reference``) computes a value that is not nan, and
+    close to the exact one where finite, in float32 and float64 arithmetic wherever that
+    exact value is finite and in the format's range: no inf/inf, inf*0 or cancellation of
+    overflowing terms.
+
+    Checked at both signs of the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX (of
+    _PAIR_PROBES, every pair, for two symbols) against ``reference`` evaluated exactly
+    (_exact_value); where that cancels beyond the precisions tried, the value need only not
+    be nan. Other expressions are not checked (True).
+    """
+    symbols = sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name)
+    if not 1 <= len(symbols) <= 2:
+        return True
+    try:
+        evaluate_reference = _real_only(
+            sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
+        )
+        in_formats = [
+            _in_float_range(
+                sympy.lambdify(symbols, candidate, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()),
+                largest,
+                smallest,
+            )
+            for _, largest, smallest in _FLOAT_FORMATS
+        ]
+    except (TypeError, ValueError, KeyError):
+        return True  # not printable for mpmath: left to the stability tests, as before
+    magnitudes = [m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] if len(symbols) == 1 else _PAIR_PROBES
+    signed = [mpmath.mpf(m) * sign for m in magnitudes for sign in (1, -1)]
+    for point in itertools.product(signed, repeat=len(symbols)):
+        exact = _exact_value(evaluate_reference, point)
+        if exact is None or exact == 0:
+            # Outside the domain, or beyond what the probe computes. (At an exact zero of a
+            # factor, any form is 0*inf = nan once another factor overflows: (1 - y**2)*exp(-x)
+            # at y = 1, x = -100 in float32.)
+            continue
+        for (bits, largest, smallest), evaluate in zip(_FLOAT_FORMATS, in_formats):
+            if exact is not _UNRESOLVED and abs(exact) > largest:
+                continue
+            try:
+                with mpmath.workprec(bits):
+                    got = evaluate(*point)
+            except _PROBE_FAILURES:
+                return False
+            if not isinstance(got, mpmath.mpf) or mpmath.isnan(got):
+                return False
+            if mpmath.isinf(got) or exact is _UNRESOLVED:
+                # inf where the exact value is finite is an intermediate overflowing first, which
+                # some products cannot avoid: exp(-x)*log1p(y**2) at x = -100, y = 1e-3 in float32.
+                continue
+            # Near the subnormal range an absolute error of the smallest normal number is
+            # rounding (2**-126 in float32: the smallest subnormal times 2**23).
+            if abs(got - exact) > max(_SECOND_DERIVATIVE_MAX_ERROR * abs(exact), smallest * 2.0 ** (bits - 1)):
+                return False
+    return True
+
+
 # A derivative this cheap (by op_count) is recomputed in backward even under --save speed:
 # computing it in forward as well would save one tensor more and no time.
 SPEED_MIN_OPS = 2
@@ -530,6 +697,38 @@ def _shares_work(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr, fused:
     return bool(shared)
 
 
+def _sigmoids_split(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr) -> tuple[sympy.Expr, ...]:
+    """``forward`` with sigmoid(u) and sigmoid(-u) computed from the s = sigmoid(-|u|) that
+    ``derivative`` calls (cheaper_fused_form's sigmoid pair), where each output stays as
+    accurate in float32; else ``forward`` itself.
+
+    sigmoid(u) is torch.where(u > 0, 1 - s, s): exact on each side, since s <= 1/2 and so
+    1 - s loses nothing. Then forward and the derivative share their one sigmoid, and a
+    fused --save speed forward returns the derivative, where backward would otherwise call
+    a sigmoid of its own (Sigmoid's forward plus backward at 1e7 float32 on a CPU, compiled
+    by hand: 18.3 ms against 22.5, and 15.9 for torch.compile's inexact y*(1 - y)). Fused
+    only: in an eager body the where and 1 - s are passes over memory of their own.
+    """
+    rules = {}
+    for node in sympy.preorder_traversal(derivative):
+        if not (isinstance(node, sigmoid) and isinstance(node.args[0], sympy.Piecewise)):
+            continue
+        branches = node.args[0].args
+        if len(branches) != 2 or branches[1].cond is not sympy.true:
+            continue
+        (minus_u, positive), (u, _) = branches
+        if minus_u != -u:
+            continue
+        rules[sigmoid(u)] = sympy.Piecewise((1 - node, positive), (node, True))
+        rules[sigmoid(-u)] = sympy.Piecewise((node, positive), (1 - node, True))
+    if not rules:
+        return forward
+    split = tuple(expr.xreplace(rules) for expr in forward)
+    if any(new != old and not _as_accurate(new, old) for new, old in zip(split, forward)):
+        return forward
+    return split
+
+
 def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     """--save speed: forward also returns each costly derivative, sharing work with the output.
 
@@ -539,6 +738,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     The derivative outputs' own gradient rows are those second derivatives.
     """
     parsed = derivation.parsed
+    forward = derivation.forward
     derivatives: list[list[tuple[int, int]]] = []
     identities = set(derivation.identities)
     second, returned = [], []
@@ -551,14 +751,20 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 # 1.0**y): forward could not return it as a tensor (found by the fuzz campaign).
                 continue
             # Computed in forward now, next to the outputs: reuse their work where accurate.
-            gradient = reuse_shared_work(gradient, list(derivation.forward) + [gradient])
-            if gradient in derivation.forward:
+            gradient = reuse_shared_work(gradient, list(forward) + [gradient])
+            if gradient in forward:
                 continue  # exp(x + 1): the output itself, which backward reuses anyway
             if gradient in returned:
                 derivatives[returned.index(gradient)].append((i, j))  # one tensor, returned once
                 continue
-            if not _shares_work(derivation.forward, gradient, fused=parsed.spec.fuse):
-                continue
+            if not _shares_work(forward, gradient, fused=parsed.spec.fuse):
+                if not parsed.spec.fuse:
+                    continue
+                split = _sigmoids_split(forward, gradient)
+                if split == forward or not _shares_work(split, gradient, fused=True):
+                    continue
+                forward = split
+                identities.add("sigmoid_split")
             found = whole_gradient_kernel(parsed.spec, parsed.inputs, parsed.params, _terms_reaching(derivation, j))
             if found is not None and found.kernel.beats_saved_derivative:
                 # One ATen kernel computes it in backward (symgrad.kernels): faster than
@@ -567,10 +773,11 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
             raw = derivation.raw_gradients[i][j]
             row_identities: set[str] = set()
             try:
-                row = tuple(stabilize(cheapest_form(_differentiate(raw, s))) for s in parsed.inputs)
-                row = _cheaper_forms(row, row_identities, parsed.spec.fuse)
+                row = _second_derivatives(raw, gradient, parsed.inputs, parsed.spec.fuse, row_identities)
             except SymgradError:
                 continue  # SymPy cannot differentiate it again: backward recomputes this one
+            if row is None:
+                continue  # no form of it is finite in float arithmetic: backward recomputes it
             if any(g.has(sympy.AccumBounds) for g in row):
                 # An interval where a value should be (see _refuse_interval_values): backward
                 # recomputes this one, and autograd differentiates that (found in review).
@@ -589,7 +796,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     extra_outputs = tuple(Output(gradient) for gradient in returned)
     return Derivation(
         parsed=Parsed(**{**parsed.__dict__, "outputs": parsed.outputs + extra_outputs}),
-        forward=derivation.forward + tuple(out.expr for out in extra_outputs),
+        forward=forward + tuple(out.expr for out in extra_outputs),
         gradients=derivation.gradients + tuple(second),
         surrogate=derivation.surrogate,
         nondifferentiable=derivation.nondifferentiable + (False,) * len(second),
@@ -599,6 +806,32 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         documented_gradients=derivation.documented_gradients,
         identities=tuple(sorted(identities)),
     )
+
+
+def _second_derivatives(
+    raw: sympy.Expr, gradient: sympy.Expr, inputs: tuple[sympy.Symbol, ...], fuse: bool, identities: set[str]
+) -> tuple[sympy.Expr, ...] | None:
+    """The derivatives of ``gradient`` (whose unstabilised form is ``raw``) by each input, as
+    double backward computes them, in the first form that finite_where_the_math_is accepts,
+    adding the identities used to ``identities``; None if neither is.
+
+    First the simplified derivative of ``raw``, which is usually shortest; then the derivative
+    of the stable form forward computes, which SymPy's simplification may have made
+    unstable again: SiLU's became sinh(x/2) times powers of 1.5 of sigmoids, inf*0 from
+    x = 179 in float32 (found by a double-backward survey).
+    """
+    exact = [_differentiate(raw, s) for s in inputs]
+    for differentiate in (
+        lambda s, e: cheapest_form(e),
+        lambda s, e: _differentiate(gradient, s),
+    ):
+        used: set[str] = set()
+        row = tuple(stabilize(differentiate(s, e)) for s, e in zip(inputs, exact))
+        row = _cheaper_forms(row, used, fuse)
+        if all(finite_where_the_math_is(g, e) for g, e in zip(row, exact)):
+            identities |= used
+            return row
+    return None
 
 
 def _terms_reaching(derivation: Derivation, j: int) -> list[tuple[sympy.Expr, str | None]]:

@@ -651,6 +651,25 @@ def _rule_exp_over_expm1(node: sympy.Expr):
     return None
 
 
+def _rule_sinh_over_cosh(node: sympy.Expr):
+    """``sinh(u)**a*cosh(u)**-b`` -> ``tanh(u)**k*sinh(u)**(a - k)*cosh(u)**(k - b)``, with
+    k = min(a, b): sinh(x/2)/cosh(x/2)**3, sigmoid's second derivative as SymPy simplifies
+    it, is inf/inf = nan from x = 179 in float32, where tanh(x/2)/cosh(x/2)**2 is 0, and
+    autograd's derivative of 1/cosh(x)**2 is (found by a double-backward survey)."""
+    if not node.is_Mul:
+        return None
+    powers = dict(f.as_base_exp() for f in node.args)
+    for base, a in powers.items():
+        if isinstance(base, sympy.sinh) and a.is_Integer and a > 0:
+            partner = sympy.cosh(base.args[0])
+            b = powers.get(partner)
+            if b is not None and b.is_Integer and b < 0:
+                k = min(a, -b)
+                rest = [f for f in node.args if f.as_base_exp()[0] not in (base, partner)]
+                return sympy.Mul(*rest, sympy.tanh(base.args[0]) ** k, base ** (a - k), partner ** (b + k))
+    return None
+
+
 _INVERSES = {sympy.atanh: sympy.tanh, sympy.asinh: sympy.sinh}
 
 
@@ -682,6 +701,7 @@ _RULES = (
     _rule_xlogy,
     _rule_tanh_half,
     _rule_exp_over_expm1,
+    _rule_sinh_over_cosh,
 )
 
 

@@ -10,6 +10,7 @@ The rewrite rules themselves are checked for exact equality at random points.
 from __future__ import annotations
 
 import importlib.util
+import math
 import random
 import re
 import sys
@@ -1145,3 +1146,109 @@ def test_nested_log_cosh_builds_quickly():
     assert time.perf_counter() - start < 30  # (a hang guard, not a timing: 0.1 s here)
     assert sympy.count_ops(stable) < 100
 
+
+
+# -- second derivatives (double backward) ------------------------------------------------
+#
+# A double-backward survey of these cases found forms that are nan or far off where the
+# second derivative is finite: --save speed's sigmoid second derivative as SymPy simplifies
+# it, -sinh(x/2)/(4*cosh(x/2)**3) (nan from x = 179 in float32), SiLU's with sinh(x/2) and
+# sigmoid(-x)**1.5 (1.0 at x = 100 in float32, where the truth is -3.6e-42), and autograd's
+# derivative of tanh's create_graph formula cosh(x)**-2 (nan from |x| = 90 in float32).
+
+SECOND_DERIVATIVE_POINTS = [-1e4, -300.0, -100.0, -20.0, -5.0, -0.3, 0.3, 5.0, 20.0, 100.0, 300.0, 1e4]
+SECOND_DERIVATIVE_RTOL = {torch.float32: 1e-4, torch.float64: 1e-9}
+
+
+def _second_derivative(module, dtype, device):
+    x = torch.tensor(SECOND_DERIVATIVE_POINTS, dtype=dtype, device=device, requires_grad=True)
+    (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), x)
+    return gg.tolist()
+
+
+def _second_derivative_errors(case, module, dtype, device, exact_beyond: float) -> list:
+    """(point, got, truth) where double backward is nan or inf although the truth is finite,
+    or, up to |x| = ``exact_beyond``, off by more than SECOND_DERIVATIVE_RTOL."""
+    bad = []
+    for point, value in zip(SECOND_DERIVATIVE_POINTS, _second_derivative(module, dtype, device)):
+        with mpmath.workdps(400):
+            want = mpmath.diff(case.exact, mpmath.mpf(point), 2)
+        if not abs(want) <= torch.finfo(dtype).max:
+            continue
+        finite = value == value and abs(value) != float("inf")
+        if not finite or abs(point) <= exact_beyond and rel_error(value, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
+            bad.append((point, value, float(want)))
+    return bad
+
+
+@pytest.mark.parametrize("save, fuse", [("memory", False), ("speed", False), ("memory", True), ("speed", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "tanh", "softplus_neg", "gelu"])
+def test_second_derivatives_are_finite_and_match_exact_math(name, dtype, save, fuse, gen_dir, device):
+    """Finite everywhere, and exact up to |x| = 5. (Beyond, a formula that autograd
+    differentiates through torch.sigmoid inherits its y*(1 - y), 0 in float32 from about
+    x = 17: SiLU's second derivative at 20 is 0 there, where the truth is -3.7e-8.)"""
+    case = next(c for c in CASES if c.name == name)
+    bad = _second_derivative_errors(case, load(case, gen_dir, save=save, fuse=fuse), dtype, device, exact_beyond=5.0)
+    assert not bad, f"{name} ({save}, fused={fuse}, {dtype}): second derivative off at {bad}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", ["sigmoid", "silu"])
+def test_fused_speed_second_derivatives_match_exact_math_everywhere(name, dtype, gen_dir, device):
+    """Fused --save speed differentiates the derivative it returns symbolically (its second
+    derivative row), in a form checked in float arithmetic (derive.finite_where_the_math_is)."""
+    case = next(c for c in CASES if c.name == name)
+    module = load(case, gen_dir, save="speed", fuse=True)
+    assert "dresult_dx" in module.__symgrad__["saved"]
+    bad = _second_derivative_errors(case, module, dtype, device, exact_beyond=math.inf)
+    assert not bad, f"{name} ({dtype}): second derivative off at {bad}"
+
+
+def test_fused_speed_sigmoid_returns_its_derivative_from_one_sigmoid(gen_dir):
+    """Fused --save speed computes sigmoid(x) as 1 - s or s, s = sigmoid(-|x|), next to its
+    derivative s*(1 - s): one sigmoid for forward and backward together."""
+    case = next(c for c in CASES if c.name == "sigmoid")
+    fused = load(case, gen_dir, save="speed", fuse=True)
+    assert fused.__symgrad__["saved"] == ["x", "dresult_dx"]
+    source = Path(fused.__file__).read_text()
+    body = source[source.index("def _stable_sigmoid_speed_fused_forward") :].split("\n\n\n")[0]
+    assert body.count("_sigmoid(") == 1, body
+    assert "sigmoid(u) = 1 - s if u > 0 else s, with s = sigmoid(-|u|)" in source
+    # Not in eager bodies, where the where and 1 - s are passes over memory of their own.
+    assert load(case, gen_dir, save="speed").__symgrad__["saved"] == ["x"]
+
+
+def test_second_derivative_probe_rejects_forms_that_fail_in_float_arithmetic():
+    from symgrad.derive import finite_where_the_math_is
+
+    x, y = sympy.symbols("x y", real=True)
+    s = sf.sigmoid
+    half = sympy.Rational(1, 2)
+    exact = -sympy.sinh(x * half) / (4 * sympy.cosh(x * half) ** 3)  # sigmoid'' (exact in mpmath)
+    assert not finite_where_the_math_is(exact, exact)  # inf/inf in float32 from x = 179
+    assert finite_where_the_math_is(-sympy.tanh(x * half) * s(x) * s(-x), exact)
+    silu_exact = sympy.diff(x * s(x), x, 2)
+    simplified = (
+        -2 * x * sympy.sinh(x / 2) * (s(-x) * s(x)) ** sympy.Rational(3, 2)
+        - 2 * sympy.sinh(x / 2) * (s(-x) * s(x)) ** sympy.Rational(3, 2)
+        - 2 * sympy.sinh(x / 2) * sympy.sqrt(s(-x)) * s(x) ** sympy.Rational(5, 2)
+        + s(-x) * s(x)
+        + s(x) ** 2
+    )
+    assert not finite_where_the_math_is(simplified, silu_exact)  # 1.0 at x = 100, truth -3.6e-42
+    assert finite_where_the_math_is((x * s(-x) - x * s(x) + 2) * s(-x) * s(x), silu_exact)
+    # An exact zero times an overflowing factor is nan in any form: not held against one.
+    assert finite_where_the_math_is(2 * (1 - y**2) * sympy.exp(-x) / (1 + y**2) ** 2, sympy.diff(sympy.exp(-x) * log1p(y**2), y, 2))
+    # Three symbols are not probed.
+    z = sympy.Symbol("z", real=True)
+    assert finite_where_the_math_is(exact * y * z, exact * y * z)
+
+
+def test_sinh_over_cosh_powers_become_tanh():
+    x = sympy.Symbol("x", real=True)
+    u = x / 2
+    assert stabilize(sympy.sinh(u) / sympy.cosh(u) ** 3) == sympy.tanh(u) / sympy.cosh(u) ** 2
+    assert stabilize(sympy.sinh(x) ** 3 / sympy.cosh(x)) == sympy.tanh(x) * sympy.sinh(x) ** 2
+    assert stabilize(3 * sympy.sinh(x) ** 2 / sympy.cosh(x) ** 2) == 3 * sympy.tanh(x) ** 2
