@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import types
@@ -569,8 +570,9 @@ _SECOND_DERIVATIVE_MAX_ERROR = 1e-3
 
 
 _PROBE_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, MemoryError)
-# The probes for two symbols: every pair of REUSE_PROBES would be 3844 points.
-_PAIR_PROBES = (0.001, 0.5, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1e3, 3e3, 1e4)
+# The probes for two symbols: every pair of REUSE_PROBES would be 1936 points. These keep
+# float32's overflows (from 89 for exp and cosh, 179 for cosh(x/2)) and float64's (710, 1420).
+_PAIR_PROBES = (0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
 # A reference value that is finite but cancels beyond the precisions tried: x = 1e4 in the
 # simplified second derivative of SiLU, ((exp(x) + 1)/cosh(x/2)**2 - ...)/4, needs 14,000 bits.
 _UNRESOLVED = object()
@@ -584,7 +586,7 @@ def _exact_value(evaluate, point):
     """The value at ``point``, at a precision that two evaluations agree on (about 60 bits);
     _UNRESOLVED where they never agree but are finite; None where it is not a finite real."""
     previous = None
-    for bits in (300, 1200, 4800):
+    for bits in (160, 640, 2560):
         try:
             with mpmath.workprec(bits):
                 value = evaluate(*point)
@@ -609,9 +611,58 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     (_exact_value); where that cancels beyond the precisions tried, the value need only not
     be nan. Other expressions are not checked (True).
     """
-    symbols = sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name)
+    symbols = tuple(sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name))
     if not 1 <= len(symbols) <= 2:
         return True
+    try:
+        exact_values = _exact_values(reference, symbols)
+        in_formats = [
+            _in_float_range(
+                sympy.lambdify(symbols, candidate, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()),
+                largest,
+                smallest,
+            )
+            for _, largest, smallest in _FLOAT_FORMATS
+        ]
+    except (TypeError, ValueError, KeyError):
+        return True  # not printable for mpmath: left to the stability tests, as before
+    for point, exact in exact_values:
+        for (bits, largest, smallest), evaluate in zip(_FLOAT_FORMATS, in_formats):
+            if exact is not _UNRESOLVED and abs(exact) > largest:
+                continue
+            try:
+                with mpmath.workprec(bits):
+                    got = evaluate(*point)
+            except _PROBE_FAILURES:
+                return False
+            if not isinstance(got, mpmath.mpf) or mpmath.isnan(got):
+                return False
+            if mpmath.isinf(got) or exact is _UNRESOLVED:
+                # inf where the exact value is finite is an intermediate overflowing first, which
+                # some products cannot avoid: exp(-x)*log1p(y**2) at x = -100, y = 1e-3 in float32.
+                continue
+            # Near the subnormal range an absolute error of the smallest normal number is
+            # rounding (2**-126 in float32: the smallest subnormal times 2**23).
+            if abs(got - exact) > max(_SECOND_DERIVATIVE_MAX_ERROR * abs(exact), smallest * 2.0 ** (bits - 1)):
+                return False
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> tuple:
+    """(point, exact value) at each probe point where the value is finite and not 0: for
+    finite_where_the_math_is, which checks up to two forms of each derivative against one
+    reference. (At an exact zero of a factor, any form is 0*inf = nan once another factor
+    overflows: (1 - y**2)*exp(-x) at y = 1, x = -100 in float32.)"""
+    evaluate = _real_only(sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()))
+    magnitudes = [m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] if len(symbols) == 1 else _PAIR_PROBES
+    signed = [mpmath.mpf(m) * sign for m in magnitudes for sign in (1, -1)]
+    values = []
+    for point in itertools.product(signed, repeat=len(symbols)):
+        exact = _exact_value(evaluate, point)
+        if exact is not None and exact != 0:  # (None: outside the domain, or beyond the probe)
+            values.append((point, exact))
+    return tuple(values)
     try:
         evaluate_reference = _real_only(
             sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
