@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import struct
 import types
 from dataclasses import dataclass
 
@@ -126,8 +127,6 @@ def derive(parsed: Parsed) -> Derivation:
     # docstring lists; the fused forms' reuse happens after their identities).
     documented = stable if parsed.spec.fuse else _reusing_shared_work(stable)
     gradients = _reusing_shared_work([_cheaper_forms(row, identities, parsed.spec.fuse) for row in stable])
-    if not parsed.spec.fuse:
-        gradients = _differentiable_sech(gradients, identities)
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -165,31 +164,21 @@ def _refuse_interval_values(parsed: Parsed, gradients: list[tuple[sympy.Expr, ..
                 )
 
 
-def _differentiable_sech(gradients: list[tuple[sympy.Expr, ...]], identities: set[str]) -> list[tuple[sympy.Expr, ...]]:
-    """Eager gradients with each 1/cosh(u)**(2k) left after reuse_shared_work as
-    (4*sigmoid(2u)*sigmoid(-2u))**k, adding the identity's name to ``identities``.
+def differentiable_form(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each 1/cosh(u)**(2k) as (4*sigmoid(2u)*sigmoid(-2u))**k: for a formula
+    that only double backward runs, which autograd differentiates.
 
-    Whatever the cost: autograd differentiates cosh(u)**-2 (double backward, which runs the
-    formula) as -2*sinh(u)*cosh(u)**-3, inf*0 = nan from |u| = 90 in float32, where the
-    sigmoids' derivatives are finite; so is that of 1 - tanh(u)**2, the form reuse gives where
-    tanh(u) is at hand (found by a double-backward survey). (tanh's own first-order gradient
-    is an ATen kernel, symgrad.kernels, which takes this form too.)
+    autograd's derivative of cosh(u)**-2 is -2*sinh(u)*cosh(u)**-3, inf*0 = nan from |u| = 90
+    in float32; the sigmoids' derivatives are finite (found by a double-backward survey:
+    tanh's create_graph formula). First-order gradients keep the cosh where it is cheaper
+    (cheaper_eager_form): its value is right where cosh overflows (inf**-2 = 0).
     """
-    rewritten = []
-    for row in gradients:
-        new_row = []
-        for gradient in row:
-            rules = {
-                node: (4 * sigmoid(2 * node.base.args[0]) * sigmoid(-2 * node.base.args[0])) ** (-node.exp // 2)
-                for node in sympy.preorder_traversal(gradient)
-                if _is_sech_power(node)
-            }
-            if rules:
-                gradient = gradient.xreplace(rules)
-                identities.add("sech_sigmoids")
-            new_row.append(gradient)
-        rewritten.append(tuple(new_row))
-    return rewritten
+    rules = {
+        node: (4 * sigmoid(2 * node.base.args[0]) * sigmoid(-2 * node.base.args[0])) ** (-node.exp // 2)
+        for node in sympy.preorder_traversal(expr)
+        if _is_sech_power(node)
+    }
+    return expr.xreplace(rules) if rules else expr
 
 
 def _reusing_shared_work(gradients: list[tuple[sympy.Expr, ...]]) -> list[tuple[sympy.Expr, ...]]:
@@ -362,7 +351,7 @@ def cheaper_eager_form(expr: sympy.Expr) -> sympy.Expr:
       against 26.9 ms for the backward at 1e7 on this CPU, grad_output included). Both
       factors are accurate, so the product is, at every x. tanh's 1/cosh(x)**2 keeps its
       form here: the arguments 2x and -2x and the factor 4 cost more than the cosh saves
-      (26.5 ms against 20.9). (But see _differentiable_sech.)
+      (26.5 ms against 20.9). (But see differentiable_form.)
     - tanh(softplus(u)) and cosh(softplus(u)) (Mish and its derivative) become rational in
       s = sigmoid(u), as in cheaper_fused_form: a sigmoid and a few arithmetic kernels
       instead of softplus and tanh, the two slowest, and the derivative's own sigmoid(u) is
@@ -522,20 +511,37 @@ _FLOAT32_MAX = (2 - 2.0**-23) * 2.0**127
 
 # (bits of precision, largest finite value, smallest subnormal) of float32 and float64.
 _FLOAT_FORMATS = ((24, _FLOAT32_MAX, 2.0**-149), (53, 1.7976931348623157e308, 2.0**-1074))
-# What an exponential function beyond mpmath's probe limit is in floating point.
+# What a function the probe refuses to compute (beyond PROBE_MAX_EXPONENT) is in floating
+# point: that far out, it has overflowed or underflowed.
 _BEYOND_PROBE = {
     "exp": lambda a: mpmath.inf if a > 0 else mpmath.mpf(0),
     "expm1": lambda a: mpmath.inf if a > 0 else mpmath.mpf(-1),
     "sinh": lambda a: mpmath.inf if a > 0 else -mpmath.inf,
     "cosh": lambda a: mpmath.inf,
+    "_probe_power": lambda base, exponent: _float_power(base, exponent),
 }
+
+
+def _float_power(base, exponent):
+    """base**exponent as IEEE arithmetic has it, where mpmath refuses or the probe will not
+    compute it: inf**-2 is 0 and 0**-1 is inf (torch), not OverflowError or ZeroDivisionError."""
+    if base == 0:
+        if exponent < 0:
+            return mpmath.inf
+        return mpmath.mpf(0) if exponent > 0 else mpmath.mpf(1)
+    if mpmath.isinf(base):
+        return mpmath.power(base, exponent)
+    size = exponent * mpmath.log(abs(base))  # (the probe refused it: far beyond any float)
+    return (mpmath.inf if size > 0 else mpmath.mpf(0)) * (-1 if base < 0 and exponent % 2 == 1 else 1)
 
 
 def _in_float_range(evaluate, largest: float, smallest: float):
     """Make every function the probe code calls round its result to a float format's range,
     as torch computes: beyond ``largest`` it is inf, below ``smallest`` 0. mpmath has no
     overflow, so cosh(x)**-3 stays accurate there at any x where float32 has inf (and
-    inf*0 and inf/inf, nan, follow from mpmath's own arithmetic on inf)."""
+    inf*0 and inf/inf, nan, follow from mpmath's own arithmetic on inf). Powers (and so
+    quotients) are calls here; sums and products are not rounded, so x**5*y**5*exp(-x) at
+    x = y = 1e4, nan in float32, passes."""
     namespace = evaluate.__globals__
     functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
     for name, value in list(namespace.items()):
@@ -549,7 +555,7 @@ def _rounded_to_range(fn, largest: float, smallest: float, beyond_probe):
     def rounded(*args):
         try:
             value = fn(*args)
-        except OverflowError:
+        except (OverflowError, ZeroDivisionError):
             if beyond_probe is None:
                 raise
             return beyond_probe(*args)
@@ -563,30 +569,31 @@ def _rounded_to_range(fn, largest: float, smallest: float, beyond_probe):
     return rounded
 
 
-# A second derivative this far off in float arithmetic is not rounding but a form that
-# overflows or cancels (SiLU's, with sinh(x/2) and sqrt(sigmoid(-x)) as SymPy simplifies it,
-# was 1.0 at x = 100 in float32 where the truth is -3.6e-42).
-_SECOND_DERIVATIVE_MAX_ERROR = 1e-3
-
-
+# A second derivative off by more than this in float arithmetic is not rounding, nor the
+# cancellation any form has near a zero of it (sigmoid(x*y)'s at x = y = 1e-3 is 5% off in
+# float32), but a form that overflows or cancels terms far larger than itself: SiLU's, with
+# sinh(x/2) and sigmoid(-x)**1.5 as SymPy simplifies it, was 1.0 at x = 100 in float32
+# where the truth is -3.6e-42.
+_SECOND_DERIVATIVE_MAX_ERROR = 0.5
 _PROBE_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, MemoryError)
-# The probes for two symbols: every pair of REUSE_PROBES would be 1936 points. These keep
-# float32's overflows (from 89 for exp and cosh, 179 for cosh(x/2)) and float64's (710, 1420).
-_PAIR_PROBES = (0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
-# A reference value that is finite but cancels beyond the precisions tried: x = 1e4 in the
-# simplified second derivative of SiLU, ((exp(x) + 1)/cosh(x/2)**2 - ...)/4, needs 14,000 bits.
-_UNRESOLVED = object()
 # The probes stop where the stability tests' points do, at 1e4: beyond, the user's own
 # expression fails in float32 (exp(-x)*log1p(y**2) is 0*inf = nan at x = 300, y = 1e30,
 # forward included), so no form of its derivatives could be told from another there.
 _SECOND_DERIVATIVE_PROBE_MAX = 1e4
+# The probes for two symbols: every pair of REUSE_PROBES would be 1936 points. These keep
+# float32's overflows (from 89 for exp and cosh, 179 for cosh(x/2)) and float64's (710, 1420).
+_PAIR_PROBES = (0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
+# A reference value that is finite but cancels beyond the precisions tried (about 2000 bits:
+# at x = 1e4 the terms of SiLU's simplified second derivative are e**5000 times larger).
+_UNRESOLVED = object()
 
 
 def _exact_value(evaluate, point):
-    """The value at ``point``, at a precision that two evaluations agree on (about 60 bits);
-    _UNRESOLVED where they never agree but are finite; None where it is not a finite real."""
+    """The value at ``point``, at a precision that two evaluations agree on (to about 40
+    bits); _UNRESOLVED where they never agree but are finite; None where it is not a
+    finite real."""
     previous = None
-    for bits in (160, 640, 2560):
+    for bits in (64, 128, 512, 2048):
         try:
             with mpmath.workprec(bits):
                 value = evaluate(*point)
@@ -594,7 +601,7 @@ def _exact_value(evaluate, point):
             return None
         if not (isinstance(value, mpmath.mpf) and mpmath.isfinite(value)):
             return None
-        if previous is not None and abs(value - previous) <= 2.0**-60 * abs(value):
+        if previous is not None and abs(value - previous) <= 2.0**-40 * abs(value):
             return value
         previous = value
     return _UNRESOLVED
@@ -602,12 +609,13 @@ def _exact_value(evaluate, point):
 
 def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
     """Whether ``candidate`` (equal to ``reference``) computes a value that is not nan, and
-    close to the exact one where finite, in float32 and float64 arithmetic wherever that
+    not far off the exact one where finite, in float32 and float64 arithmetic wherever that
     exact value is finite and in the format's range: no inf/inf, inf*0 or cancellation of
     overflowing terms.
 
     Checked at both signs of the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX (of
-    _PAIR_PROBES, every pair, for two symbols) against ``reference`` evaluated exactly
+    _PAIR_PROBES, every pair, for two symbols), each rounded to float32 (so the same point in
+    both formats: x - y is 0 at x = y in either), against ``reference`` evaluated exactly
     (_exact_value); where that cancels beyond the precisions tried, the value need only not
     be nan. Other expressions are not checked (True).
     """
@@ -653,58 +661,25 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     """(point, exact value) at each probe point where the value is finite and not 0: for
     finite_where_the_math_is, which checks up to two forms of each derivative against one
     reference. (At an exact zero of a factor, any form is 0*inf = nan once another factor
-    overflows: (1 - y**2)*exp(-x) at y = 1, x = -100 in float32.)"""
-    evaluate = _real_only(sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()))
+    overflows: (1 - y**2)*exp(-x) at y = 1, x = -100 in float32.)
+
+    Real-only (as _real_only) but without its float64 limit on intermediates: sigmoid's
+    second derivative at x = -1e3 has exp(1e3) in it, and is finite.
+    """
+    evaluate = _real_only(
+        sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()),
+        largest=mpmath.inf,
+    )
     magnitudes = [m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] if len(symbols) == 1 else _PAIR_PROBES
-    signed = [mpmath.mpf(m) * sign for m in magnitudes for sign in (1, -1)]
+    # Rounded to float32, and so exact in float64 too.
+    rounded = [mpmath.mpf(struct.unpack("f", struct.pack("f", m))[0]) for m in magnitudes]
+    signed = [m * sign for m in rounded for sign in (1, -1)]
     values = []
     for point in itertools.product(signed, repeat=len(symbols)):
         exact = _exact_value(evaluate, point)
         if exact is not None and exact != 0:  # (None: outside the domain, or beyond the probe)
             values.append((point, exact))
     return tuple(values)
-    try:
-        evaluate_reference = _real_only(
-            sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
-        )
-        in_formats = [
-            _in_float_range(
-                sympy.lambdify(symbols, candidate, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()),
-                largest,
-                smallest,
-            )
-            for _, largest, smallest in _FLOAT_FORMATS
-        ]
-    except (TypeError, ValueError, KeyError):
-        return True  # not printable for mpmath: left to the stability tests, as before
-    magnitudes = [m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] if len(symbols) == 1 else _PAIR_PROBES
-    signed = [mpmath.mpf(m) * sign for m in magnitudes for sign in (1, -1)]
-    for point in itertools.product(signed, repeat=len(symbols)):
-        exact = _exact_value(evaluate_reference, point)
-        if exact is None or exact == 0:
-            # Outside the domain, or beyond what the probe computes. (At an exact zero of a
-            # factor, any form is 0*inf = nan once another factor overflows: (1 - y**2)*exp(-x)
-            # at y = 1, x = -100 in float32.)
-            continue
-        for (bits, largest, smallest), evaluate in zip(_FLOAT_FORMATS, in_formats):
-            if exact is not _UNRESOLVED and abs(exact) > largest:
-                continue
-            try:
-                with mpmath.workprec(bits):
-                    got = evaluate(*point)
-            except _PROBE_FAILURES:
-                return False
-            if not isinstance(got, mpmath.mpf) or mpmath.isnan(got):
-                return False
-            if mpmath.isinf(got) or exact is _UNRESOLVED:
-                # inf where the exact value is finite is an intermediate overflowing first, which
-                # some products cannot avoid: exp(-x)*log1p(y**2) at x = -100, y = 1e-3 in float32.
-                continue
-            # Near the subnormal range an absolute error of the smallest normal number is
-            # rounding (2**-126 in float32: the smallest subnormal times 2**23).
-            if abs(got - exact) > max(_SECOND_DERIVATIVE_MAX_ERROR * abs(exact), smallest * 2.0 ** (bits - 1)):
-                return False
-    return True
 
 
 # A derivative this cheap (by op_count) is recomputed in backward even under --save speed:
@@ -1322,13 +1297,13 @@ def _probe_printer() -> _ProbePrinter:
     return _ProbePrinter({**settings, "user_functions": names})
 
 
-def _real_only(evaluate):
+def _real_only(evaluate, largest: float | None = None):
     """Make every function the probe code calls refuse a complex result.
 
     torch computes over the reals: acos(y)**2 is NaN for y > 1, although in mpmath the
     complex acos squares to a real number (found by the fuzz campaign). A complex
     intermediate is therefore "not moderate", like an infinite one, and so is one beyond
-    float64's range.
+    float64's range (or ``largest``).
     """
     namespace = evaluate.__globals__
     functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
@@ -1336,21 +1311,21 @@ def _real_only(evaluate):
         # Only functions: mpmath's constants (pi, e, euler) are callable objects too.
         if name.startswith("_") and name != "_probe_power" or not isinstance(value, functions):
             continue
-        namespace[name] = _real_result(value)
+        namespace[name] = _real_result(value, FLOAT64_MAX if largest is None else largest)
     return evaluate
 
 
 FLOAT64_MAX = 1.7976931348623157e308
 
 
-def _real_result(fn):
+def _real_result(fn, largest: float):
     def real(*args):
         value = fn(*args)
         if isinstance(value, mpmath.mpc):
             if value.imag != 0:
                 raise ValueError("complex intermediate value")
             value = value.real
-        if isinstance(value, mpmath.mpf) and abs(value) > FLOAT64_MAX:
+        if isinstance(value, mpmath.mpf) and abs(value) > largest:
             # float64 overflows here even if the end result is moderate in mpmath:
             # ((7 + y)**1095)**(y - 1) is inf**... in torch (found by the fuzz campaign)
             raise OverflowError("intermediate value beyond float64")

@@ -80,8 +80,7 @@ KERNELS = (
     # 1 - y**2 is 0 in float32 from |u| = 9, where the truth is 6e-8.)
     Kernel(
         "tanh",
-        # (Its form in eager gradients: derive._differentiable_sech.)
-        lambda u: 4 * sigmoid(2 * u) * sigmoid(-2 * u),
+        lambda u: sympy.cosh(u) ** -2,
         "torch.ops.aten.softplus_backward(torch.ops.aten.softplus_backward({grad}, {u}, 2.0, 40.0), {u}, -2.0, 40.0).mul_(4)",
     ),
     # d/du u*tanh(softplus(u)): mish_backward computes tanh(sp) + u*s*(1 - tanh(sp)**2) with
@@ -134,17 +133,18 @@ def first_order_kernel(derivative: sympy.Expr, symbols: set[sympy.Symbol]) -> Ke
     Only for a derivative built from analytic functions: two analytic expressions that
     agree at the probe points are equal, but a Piecewise, Min or clamp can agree there and
     differ beyond a breakpoint (Min(x*sigmoid(x), 3) matched SiLU's kernel, and its
-    gradient above 3 was SiLU's, not 0; found in review). Nor with a number factor beyond
-    the kernel's own (tanh's 4): then the kernel, its scaled argument and the product cost
-    as much as the formula (2*sigmoid(2*x): 64.1 against 62.9 ms at 1e7; found in review).
+    gradient above 3 was SiLU's, not 0; found in review). Nor with a number factor: then
+    the kernel, its scaled argument and the product cost as much as the formula
+    (2*sigmoid(2*x): 64.1 against 62.9 ms at 1e7; found in review).
     """
-    if not _analytic(derivative):
+    if derivative.as_coeff_Mul()[0] != 1 or not _analytic(derivative):
         return None
-    coefficient = derivative.as_coeff_Mul()[0]
-    calls = [node for node in sympy.preorder_traversal(derivative) if isinstance(node, (sigmoid, sympy.cosh, sympy.tanh))]
     arguments = sorted(
-        # (tanh's derivative calls sigmoid(2u) and sigmoid(-2u))
-        {node.args[0] for node in calls} | {node.args[0] / 2 for node in calls if isinstance(node, sigmoid)},
+        {
+            node.args[0]
+            for node in sympy.preorder_traversal(derivative)
+            if isinstance(node, (sigmoid, sympy.cosh, sympy.tanh))
+        },
         # sigmoid(x)*sigmoid(-x) is the derivative at x and at -x: x, the simpler, first.
         key=lambda u: (u.could_extract_minus_sign(), sympy.default_sort_key(u)),
     )
@@ -154,8 +154,6 @@ def first_order_kernel(derivative: sympy.Expr, symbols: set[sympy.Symbol]) -> Ke
             continue
         for kernel in KERNELS:
             candidate = kernel.derivative(u)
-            if coefficient not in (1, candidate.as_coeff_Mul()[0]):
-                continue
             # (Only forms of about the derivative's own size are evaluated: a gradient many
             # times larger is not this derivative in any form simplify leaves, and mpmath
             # need not evaluate it.)

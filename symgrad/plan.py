@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .derive import IDENTITIES, Derivation, op_count, with_derivatives_as_outputs
+from .derive import IDENTITIES, Derivation, differentiable_form, op_count, with_derivatives_as_outputs
 from .errors import SymgradError
 from .inplace import FUSED_TERM, IN_PLACE_CALL, reuse_buffers
 from .kernels import whole_gradient_kernel
@@ -598,7 +598,11 @@ class _Builder:
         lines = self.unpack_saved(saved) if with_unpack else []
         # All gradients share one CSE, so work common to several inputs is done once.
         entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
-        exprs = [self.rows[i][j] for i, j in entries]
+        kernels = [self.first_order_kernel(j) for j in range(len(self.inputs))]
+        # Where a kernel computes the first-order gradient, the formula runs only for double
+        # backward, so it takes the form whose autograd derivative is finite.
+        exprs = [differentiable_form(self.rows[i][j]) if kernels[j] else self.rows[i][j] for i, j in entries]
+        rewritten = {j for (i, j), expr in zip(entries, exprs) if expr != self.rows[i][j]}
         temps, reduced = self.cse(exprs)
         reference = self.reference = self.names.grad_outputs[self.live.index(True)]
         lines += self.tensorize(exprs, reference)
@@ -626,9 +630,8 @@ class _Builder:
                 shape = self.ctx_ref(self.name(symbol) + "_shape")
                 terms = [f"({term}).sum_to_size({shape})" for term in terms]
             body.append(f"{grad} = {' + '.join(terms)}")
-            kernel = self.first_order_kernel(j)
-            if kernel is not None:
-                body = _first_order_branch(grad, kernel, body)
+            if kernels[j] is not None:
+                body = _first_order_branch(grad, kernels[j], body, sech_as_sigmoids=j in rewritten)
             lines += [INDENT + line for line in body]
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
@@ -1079,15 +1082,24 @@ class _SymbolStream:
         return symbol
 
 
-def _first_order_branch(grad: str, kernel: str, formula: list[str]) -> list[str]:
+def _first_order_branch(grad: str, kernel: str, formula: list[str], sech_as_sigmoids: bool = False) -> list[str]:
     """A gradient's lines: the kernel's call unless autograd records backward (double
-    backward), the formula then."""
+    backward), the formula then (see derive.differentiable_form for ``sech_as_sigmoids``)."""
+    why = (
+        [
+            f"{INDENT}# 1/cosh(u)**2 is 4*sigmoid(2*u)*sigmoid(-2*u) here: autograd's derivative of the",
+            f"{INDENT}# cosh is inf*0 = nan where it overflows (|u| > 89 in float32).",
+        ]
+        if sech_as_sigmoids
+        else []
+    )
     return [
         "if not torch.is_grad_enabled():",
         f"{INDENT}# First order: ATen's fused backward kernel, fewer passes over memory.",
         f"{INDENT}{grad} = {kernel}",
         "else:",
         f"{INDENT}# create_graph=True: the formula, which double backward differentiates exactly.",
+        *why,
         *(INDENT + line for line in formula),
     ]
 
