@@ -731,9 +731,9 @@ def _sigmoids_split(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr) -> 
     sigmoid(u) is torch.where(u > 0, 1 - s, s): exact on each side, since s <= 1/2 and so
     1 - s loses nothing. Then forward and the derivative share their one sigmoid, and a
     fused --save speed forward returns the derivative, where backward would otherwise call
-    a sigmoid of its own (Sigmoid's forward plus backward at 1e7 float32 on a CPU, compiled
-    by hand: 18.3 ms against 22.5, and 15.9 for torch.compile's inexact y*(1 - y)). Fused
-    only: in an eager body the where and 1 - s are passes over memory of their own.
+    a sigmoid of its own: Sigmoid's module took 0.78x the time at 1e7 float32 on a CPU
+    (benchmarks/README.md, A/B), 1.15x torch.compile's inexact y*(1 - y) where it took 1.49x.
+    Fused only: in an eager body the where and 1 - s are passes over memory of their own.
     """
     rules = {}
     for node in sympy.preorder_traversal(derivative):

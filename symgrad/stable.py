@@ -654,8 +654,9 @@ def _rule_exp_over_expm1(node: sympy.Expr):
 def _rule_sinh_over_cosh(node: sympy.Expr):
     """``sinh(u)**a*cosh(u)**-b`` -> ``tanh(u)**k*sinh(u)**(a - k)*cosh(u)**(k - b)``, with
     k = min(a, b): sinh(x/2)/cosh(x/2)**3, sigmoid's second derivative as SymPy simplifies
-    it, is inf/inf = nan from x = 179 in float32, where tanh(x/2)/cosh(x/2)**2 is 0, and
-    autograd's derivative of 1/cosh(x)**2 is (found by a double-backward survey)."""
+    it, is inf/inf = nan from x = 179 in float32, where tanh(x/2)/cosh(x/2)**2 is 0 (found
+    by a double-backward survey); so was the gradient of 1/cosh(x)**2, -2*sinh(x)/cosh(x)**3,
+    from |x| = 90 (found in review)."""
     if not node.is_Mul:
         return None
     powers = dict(f.as_base_exp() for f in node.args)
