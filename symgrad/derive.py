@@ -584,7 +584,8 @@ _SECOND_DERIVATIVE_PROBE_MAX = 1e4
 # float32's overflows (from 89 for exp and cosh, 179 for cosh(x/2)) and float64's (710, 1420).
 _PAIR_PROBES = (0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
 # A reference value that is finite but cancels beyond the precisions tried (about 2000 bits:
-# at x = 1e4 the terms of SiLU's simplified second derivative are e**5000 times larger).
+# at x = 700 the terms of SiLU's simplified second derivative are e**350 times larger, which
+# 512 bits resolve; 2048 bits cover terms up to float64's range).
 _UNRESOLVED = object()
 
 
@@ -616,7 +617,8 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     Checked at both signs of the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX (of
     _PAIR_PROBES, every pair, for two symbols), each rounded to float32 (so the same point in
     both formats: x - y is 0 at x = y in either), against ``reference`` evaluated exactly
-    (_exact_value); where that cancels beyond the precisions tried, the value need only not
+    (_exact_value), where the reference's own terms stay within float64's range
+    (_exact_values); where it cancels beyond the precisions tried, the value need only not
     be nan. Other expressions are not checked (True).
     """
     symbols = tuple(sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name))
@@ -663,13 +665,12 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     reference. (At an exact zero of a factor, any form is 0*inf = nan once another factor
     overflows: (1 - y**2)*exp(-x) at y = 1, x = -100 in float32.)
 
-    Real-only (as _real_only) but without its float64 limit on intermediates: sigmoid's
-    second derivative at x = -1e3 has exp(1e3) in it, and is finite.
+    Real-only, and without intermediates beyond float64 (_real_only): where the reference
+    has one (exp(1e3) in sigmoid's second derivative at x = -1e3), the point is skipped, so
+    float64's own overflows go unprobed. Allowed further, x**y at x = y = 1e4, 1e40000, went
+    into sigmoid's mpmath exp, which took minutes (found by the fuzz campaign).
     """
-    evaluate = _real_only(
-        sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()),
-        largest=mpmath.inf,
-    )
+    evaluate = _real_only(sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()))
     magnitudes = [m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] if len(symbols) == 1 else _PAIR_PROBES
     # Rounded to float32, and so exact in float64 too.
     rounded = [mpmath.mpf(struct.unpack("f", struct.pack("f", m))[0]) for m in magnitudes]
@@ -802,8 +803,6 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 row = _second_derivatives(raw, gradient, parsed.inputs, parsed.spec.fuse, row_identities)
             except SymgradError:
                 continue  # SymPy cannot differentiate it again: backward recomputes this one
-            if row is None:
-                continue  # no form of it is finite in float arithmetic: backward recomputes it
             if any(g.has(sympy.AccumBounds) for g in row):
                 # An interval where a value should be (see _refuse_interval_values): backward
                 # recomputes this one, and autograd differentiates that (found in review).
@@ -836,17 +835,20 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
 
 def _second_derivatives(
     raw: sympy.Expr, gradient: sympy.Expr, inputs: tuple[sympy.Symbol, ...], fuse: bool, identities: set[str]
-) -> tuple[sympy.Expr, ...] | None:
+) -> tuple[sympy.Expr, ...]:
     """The derivatives of ``gradient`` (whose unstabilised form is ``raw``) by each input, as
-    double backward computes them, in the first form that finite_where_the_math_is accepts,
-    adding the identities used to ``identities``; None if neither is.
+    double backward computes them, adding the identities used to ``identities``.
 
-    First the simplified derivative of ``raw``, which is usually shortest; then the derivative
-    of the stable form forward computes, which SymPy's simplification may have made
-    unstable again: SiLU's became sinh(x/2) times powers of 1.5 of sigmoids, inf*0 from
-    x = 179 in float32 (found by a double-backward survey).
+    First the simplified derivative of ``raw``, which is usually shortest; if
+    finite_where_the_math_is refuses it, the derivative of the stable form forward computes,
+    where SymPy's simplification had made it unstable again: SiLU's became sinh(x/2) times
+    powers of 1.5 of sigmoids, inf*0 from x = 179 in float32 (found by a double-backward
+    survey). If both fail, the first stays: then the user's expression overflows there
+    whatever the form (x**y*sigmoid(-x**y) at x = 1e-3, y = -20 in float32, inf*0; found by
+    the fuzz campaign), and autograd's derivative of the recomputed gradient would too.
     """
     exact = [_differentiate(raw, s) for s in inputs]
+    first = None
     for differentiate in (
         lambda s, e: cheapest_form(e),
         lambda s, e: _differentiate(gradient, s),
@@ -855,9 +857,12 @@ def _second_derivatives(
         row = tuple(stabilize(differentiate(s, e)) for s, e in zip(inputs, exact))
         row = _cheaper_forms(row, used, fuse)
         if all(finite_where_the_math_is(g, e) for g, e in zip(row, exact)):
-            identities |= used
-            return row
-    return None
+            break
+        first = first or (row, used)
+    else:
+        row, used = first
+    identities |= used
+    return row
 
 
 def _terms_reaching(derivation: Derivation, j: int) -> list[tuple[sympy.Expr, str | None]]:
@@ -1297,13 +1302,13 @@ def _probe_printer() -> _ProbePrinter:
     return _ProbePrinter({**settings, "user_functions": names})
 
 
-def _real_only(evaluate, largest: float | None = None):
+def _real_only(evaluate):
     """Make every function the probe code calls refuse a complex result.
 
     torch computes over the reals: acos(y)**2 is NaN for y > 1, although in mpmath the
     complex acos squares to a real number (found by the fuzz campaign). A complex
     intermediate is therefore "not moderate", like an infinite one, and so is one beyond
-    float64's range (or ``largest``).
+    float64's range.
     """
     namespace = evaluate.__globals__
     functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
@@ -1311,21 +1316,21 @@ def _real_only(evaluate, largest: float | None = None):
         # Only functions: mpmath's constants (pi, e, euler) are callable objects too.
         if name.startswith("_") and name != "_probe_power" or not isinstance(value, functions):
             continue
-        namespace[name] = _real_result(value, FLOAT64_MAX if largest is None else largest)
+        namespace[name] = _real_result(value)
     return evaluate
 
 
 FLOAT64_MAX = 1.7976931348623157e308
 
 
-def _real_result(fn, largest: float):
+def _real_result(fn):
     def real(*args):
         value = fn(*args)
         if isinstance(value, mpmath.mpc):
             if value.imag != 0:
                 raise ValueError("complex intermediate value")
             value = value.real
-        if isinstance(value, mpmath.mpf) and abs(value) > largest:
+        if isinstance(value, mpmath.mpf) and abs(value) > FLOAT64_MAX:
             # float64 overflows here even if the end result is moderate in mpmath:
             # ((7 + y)**1095)**(y - 1) is inf**... in torch (found by the fuzz campaign)
             raise OverflowError("intermediate value beyond float64")
