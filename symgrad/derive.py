@@ -843,9 +843,12 @@ def _second_derivatives(
     finite_where_the_math_is refuses it, the derivative of the stable form forward computes,
     where SymPy's simplification had made it unstable again: SiLU's became sinh(x/2) times
     powers of 1.5 of sigmoids, inf*0 from x = 179 in float32 (found by a double-backward
-    survey). If both fail, the first stays: then the user's expression overflows there
-    whatever the form (x**y*sigmoid(-x**y) at x = 1e-3, y = -20 in float32, inf*0; found by
-    the fuzz campaign), and autograd's derivative of the recomputed gradient would too.
+    survey). If both fail, the first stays, as before the check: often the user's expression
+    overflows there whatever the form (x**y*sigmoid(-x**y) at x = 1e-3, y = -20 in float32,
+    inf*0; found by the fuzz campaign), and not returning the derivative would cost its
+    speed for nothing. (Not always: the two-input softmax exp(a)/(exp(a) + exp(b) + 1) keeps
+    rows that are nan at large |a|, |b| in float32, where autograd's derivative of the
+    recomputed gradient is finite; README, "Numerical stability".)
     """
     exact = [_differentiate(raw, s) for s in inputs]
     first = None
