@@ -1110,6 +1110,14 @@ def _condition_comparisons(expr: sympy.Expr) -> int:
     )
 
 
+def _nested_call(condition: sympy.Basic) -> bool:
+    """Whether ``condition`` calls a function of a function (log(log(x)))."""
+    return any(
+        isinstance(node, sympy.Function) and any(isinstance(inner, sympy.Function) for arg in node.args for inner in sympy.preorder_traversal(arg))
+        for node in sympy.preorder_traversal(condition)
+    )
+
+
 def _simplify_is_bounded(expr: sympy.Expr) -> bool:
     """Whether ``simplify`` runs in bounded time on ``expr`` (small, no large powers of sums)."""
     if op_count(expr) > SIMPLIFY_MAX_OPS:
@@ -1127,6 +1135,14 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         # A branch condition that compares with a bool (2*x < (x <= 2.5) is an ITE) or a
         # Piecewise: piecewise_simplify's interval search ran for minutes (found by the fuzz
         # campaign).
+        return False
+    if any(
+        isinstance(node, sympy.Piecewise) and any(_nested_call(c) for _, c in node.args)
+        for node in sympy.preorder_traversal(expr)
+    ):
+        # piecewise_simplify solves each condition for its symbol: log(log(x, 10), 10) > 10
+        # inverts to x > 10**(10**10), and evaluating that ran for minutes (found by fuzz
+        # campaign 4103).
         return False
     if _condition_comparisons(expr) > SIMPLIFY_MAX_COMPARISONS:
         # simplify's logic minimisation on a condition of 17 comparisons (a Piecewise inside

@@ -731,6 +731,15 @@ CAMPAIGN_FINDS_FUSED = [
     # intermediates past float64, and sigmoid's mpmath exp of x**y = 1e40000 (x = y = 1e4)
     # ran for minutes. Such points are skipped again: 8 s.
     ("y, (sigmoid(Max((x)**(y), Max(2/3, x, y)))) / (((Max(x)) * ((y) / (x))) - (((x) / (1e-3)) / (x)))", 415, "passed"),
+    # Campaign 4103: piecewise_simplify solved log(log(x, 10), 10) > 10 for x, 10**(10**10),
+    # for minutes (at 1492234 too). Conditions with nested calls are not simplified: refused
+    # in 3 s (acos(tan(2/3 - y)) is nan too often to sample).
+    (
+        "sum(Piecewise((x, (log(log(x, 10), 10)) > (10)), (acos(tan((2/3) - (y))), ((not ((x) <= (y)))"
+        " and ((y) <= (E))) or ((not (not ((y) > (3/2)))) and (not ((x) < (10) < (x))))), (0.5, True)))",
+        448542,
+        "could not find an interval",
+    ),
 ]
 
 
