@@ -173,6 +173,11 @@ def differentiable_form(expr: sympy.Expr) -> sympy.Expr:
     tanh's create_graph formula). First-order gradients keep the cosh where it is cheaper
     (cheaper_eager_form): its value is right where cosh overflows (inf**-2 = 0).
     """
+    return _sech_as_sigmoid_pairs(expr)
+
+
+def _sech_as_sigmoid_pairs(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each 1/cosh(u)**(2k) (_is_sech_power) as (4*sigmoid(2u)*sigmoid(-2u))**k."""
     rules = {
         node: (4 * sigmoid(2 * node.base.args[0]) * sigmoid(-2 * node.base.args[0])) ** (-node.exp // 2)
         for node in sympy.preorder_traversal(expr)
@@ -363,16 +368,10 @@ def cheaper_eager_form(expr: sympy.Expr) -> sympy.Expr:
 def _cheaper_eager_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
     """cheaper_eager_form(expr), and the names (IDENTITIES) of the identities it used."""
     used = set()
-    rules = {
-        node: (4 * sigmoid(2 * node.base.args[0]) * sigmoid(-2 * node.base.args[0])) ** (-node.exp // 2)
-        for node in sympy.preorder_traversal(expr)
-        if _is_sech_power(node)
-    }
-    if rules:
-        candidate = expr.xreplace(rules)
-        if eager_cost(candidate) < eager_cost(expr):
-            expr = candidate
-            used.add("sech_sigmoids")
+    candidate = _sech_as_sigmoid_pairs(expr)
+    if candidate != expr and eager_cost(candidate) < eager_cost(expr):
+        expr = candidate
+        used.add("sech_sigmoids")
     candidate, softplus_rules = _softplus_identities(expr)
     if softplus_rules and eager_cost(candidate) < eager_cost(expr) and _as_accurate(candidate, expr):
         expr, used = candidate, used | softplus_rules
@@ -468,7 +467,7 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
         # mpmath's complex digamma of log(-20)-like values loops for minutes (found by the
         # fuzz campaign).
         evaluate_candidate, evaluate_reference = (
-            _real_only(sympy.lambdify(symbols, expr, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()))
+            _real_only(_probe_code(symbols, expr))
             for expr in (candidate, reference)
         )
     except (TypeError, ValueError, KeyError):
@@ -507,10 +506,11 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
 
 _FLOAT32_TINY = 2.0**-126  # the smallest normal float32
 _FLOAT32_MAX = (2 - 2.0**-23) * 2.0**127
+FLOAT64_MAX = 1.7976931348623157e308
 
 
 # (bits of precision, largest finite value, smallest subnormal) of float32 and float64.
-_FLOAT_FORMATS = ((24, _FLOAT32_MAX, 2.0**-149), (53, 1.7976931348623157e308, 2.0**-1074))
+_FLOAT_FORMATS = ((24, _FLOAT32_MAX, 2.0**-149), (53, FLOAT64_MAX, 2.0**-1074))
 # What a function the probe refuses to compute (beyond PROBE_MAX_EXPONENT) is in floating
 # point: that far out, it has overflowed or underflowed.
 _BEYOND_PROBE = {
@@ -542,13 +542,9 @@ def _in_float_range(evaluate, largest: float, smallest: float):
     inf*0 and inf/inf, nan, follow from mpmath's own arithmetic on inf). Powers (and so
     quotients) are calls here; sums and products are not rounded, so x**5*y**5*exp(-x) at
     x = y = 1e4, nan in float32, passes."""
-    namespace = evaluate.__globals__
-    functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
-    for name, value in list(namespace.items()):
-        if name.startswith("_") and name != "_probe_power" or not isinstance(value, functions):
-            continue
-        namespace[name] = _rounded_to_range(value, largest, smallest, _BEYOND_PROBE.get(name))
-    return evaluate
+    return _wrap_probe_calls(
+        evaluate, lambda name, function: _rounded_to_range(function, largest, smallest, _BEYOND_PROBE.get(name))
+    )
 
 
 def _rounded_to_range(fn, largest: float, smallest: float, beyond_probe):
@@ -626,14 +622,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
         return True
     try:
         exact_values = _exact_values(reference, symbols)
-        in_formats = [
-            _in_float_range(
-                sympy.lambdify(symbols, candidate, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()),
-                largest,
-                smallest,
-            )
-            for _, largest, smallest in _FLOAT_FORMATS
-        ]
+        in_formats = [_in_float_range(_probe_code(symbols, candidate), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS]
     except (TypeError, ValueError, KeyError):
         return True  # not printable for mpmath: left to the stability tests, as before
     for point, exact in exact_values:
@@ -670,7 +659,7 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     float64's own overflows go unprobed. Allowed further, x**y at x = y = 1e4, 1e40000, went
     into sigmoid's mpmath exp, which took minutes (found by the fuzz campaign).
     """
-    evaluate = _real_only(sympy.lambdify(symbols, reference, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer()))
+    evaluate = _real_only(_probe_code(symbols, reference))
     magnitudes = [m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] if len(symbols) == 1 else _PAIR_PROBES
     # Rounded to float32, and so exact in float64 too.
     rounded = [mpmath.mpf(struct.unpack("f", struct.pack("f", m))[0]) for m in magnitudes]
@@ -740,11 +729,9 @@ def _sigmoids_split(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr) -> 
     for node in sympy.preorder_traversal(derivative):
         if not (isinstance(node, sigmoid) and isinstance(node.args[0], sympy.Piecewise)):
             continue
-        branches = node.args[0].args
-        if len(branches) != 2 or branches[1].cond is not sympy.true:
-            continue
-        (minus_u, positive), (u, _) = branches
-        if minus_u != -u:
+        u = node.args[0].args[-1].expr
+        positive = _positive(u)
+        if positive is None or node.args[0] != _minus_abs(u):
             continue
         rules[sigmoid(u)] = sympy.Piecewise((1 - node, positive), (node, True))
         rules[sigmoid(-u)] = sympy.Piecewise((node, positive), (1 - node, True))
@@ -1128,18 +1115,13 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         return False
     if _piecewise_branches(expr) > SIMPLIFY_MAX_BRANCHES:
         return False
-    if any(
-        isinstance(node, sympy.Piecewise) and any(c.has(sympy.ITE, sympy.Piecewise, sympy.Max, sympy.Min) for _, c in node.args)
-        for node in sympy.preorder_traversal(expr)
-    ):
+    conditions = [c for node in sympy.preorder_traversal(expr) if isinstance(node, sympy.Piecewise) for _, c in node.args]
+    if any(c.has(sympy.ITE, sympy.Piecewise, sympy.Max, sympy.Min) for c in conditions):
         # A branch condition that compares with a bool (2*x < (x <= 2.5) is an ITE) or a
         # Piecewise: piecewise_simplify's interval search ran for minutes (found by the fuzz
         # campaign).
         return False
-    if any(
-        isinstance(node, sympy.Piecewise) and any(_nested_call(c) for _, c in node.args)
-        for node in sympy.preorder_traversal(expr)
-    ):
+    if any(_nested_call(c) for c in conditions):
         # piecewise_simplify solves each condition for its symbol: log(log(x, 10), 10) > 10
         # inverts to x > 10**(10**10), and evaluating that ran for minutes (found by fuzz
         # campaign 4103).
@@ -1172,7 +1154,7 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
     exprs = [e for e in derivation.forward] + [g for row in derivation.gradients for g in row if g != 0]
     try:
         evaluate = _real_only(
-            sympy.lambdify(symbols, exprs, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
+            _probe_code(symbols, exprs)
         )
     except (TypeError, ValueError, KeyError, NotImplementedError) as exc:
         # SymPy folds Piecewise while printing and can meet an undefined branch, e.g.
@@ -1321,6 +1303,11 @@ def _probe_printer() -> _ProbePrinter:
     return _ProbePrinter({**settings, "user_functions": names})
 
 
+def _probe_code(symbols, exprs):
+    """mpmath code of ``exprs`` (an expression or a list) in ``symbols``, as the probes run it."""
+    return sympy.lambdify(symbols, exprs, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
+
+
 def _real_only(evaluate):
     """Make every function the probe code calls refuse a complex result.
 
@@ -1329,17 +1316,19 @@ def _real_only(evaluate):
     intermediate is therefore "not moderate", like an infinite one, and so is one beyond
     float64's range.
     """
+    return _wrap_probe_calls(evaluate, lambda name, function: _real_result(function))
+
+
+def _wrap_probe_calls(evaluate, wrap):
+    """Replace every function that the probe code ``evaluate`` calls by ``wrap(name, function)``."""
     namespace = evaluate.__globals__
     functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
     for name, value in list(namespace.items()):
         # Only functions: mpmath's constants (pi, e, euler) are callable objects too.
         if name.startswith("_") and name != "_probe_power" or not isinstance(value, functions):
             continue
-        namespace[name] = _real_result(value)
+        namespace[name] = wrap(name, value)
     return evaluate
-
-
-FLOAT64_MAX = 1.7976931348623157e308
 
 
 def _real_result(fn):
