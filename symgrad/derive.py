@@ -18,7 +18,7 @@ from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .stable import stabilize
-from .stable_functions import sigmoid, softplus, to_elementary
+from .stable_functions import ExpandedFunction, TaylorPolynomial, sigmoid, softplus, to_elementary
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
 # ones it can run for minutes (facts.md), and it rarely pays anyway.
@@ -184,6 +184,64 @@ def _sech_as_sigmoid_pairs(expr: sympy.Expr) -> sympy.Expr:
         if _is_sech_power(node)
     }
     return expr.xreplace(rules) if rules else expr
+
+
+class _autograd_sigmoid(sigmoid):  # noqa: N801 (SymPy's naming)
+    """sigmoid, differentiated as autograd differentiates torch.sigmoid: y*(1 - y), which is
+    0 in float32 from u = 17, where the exact sigmoid(u)*sigmoid(-u) is 4e-8."""
+
+    def fdiff(self, argindex=1):
+        return self * (1 - self)
+
+
+def _autograd_derivative(formula: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr | None:
+    """The derivative of ``formula`` by ``symbol`` as autograd computes it from the printed
+    code, operation by operation and unsimplified (torch.sigmoid's by its output); None where
+    SymPy cannot write it."""
+    try:
+        derivative = _differentiate(_as_printed(formula).replace(sigmoid, _autograd_sigmoid), symbol)
+    except SymgradError:
+        return None
+    return derivative.replace(_autograd_sigmoid, sigmoid)
+
+
+def _as_printed(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each ExpandedFunction as the Piecewise the code computes, and each
+    Taylor series as its polynomial."""
+    return expr.replace(
+        lambda node: isinstance(node, ExpandedFunction), lambda node: type(node).expanded(node.args[0])
+    ).replace(lambda node: isinstance(node, TaylorPolynomial), lambda node: node.elementary())
+
+
+def exact_second_derivative(
+    formula: sympy.Expr, raw: sympy.Expr, gradient: sympy.Expr, symbol: sympy.Symbol, identities: set[str]
+) -> sympy.Expr | None:
+    """The second derivative for double backward to use in place of autograd's derivative of
+    ``formula`` (the create_graph formula of ``gradient``, whose unstabilised form is ``raw``),
+    where autograd's is nan or inaccurate (finite_where_the_math_is) and a symbolic one is
+    not; else None. Adds the identities its form uses to ``identities``.
+
+    autograd differentiates what backward computed, and that can lose what the first
+    derivative kept: softplus's formula sigmoid(x) has autograd's derivative y*(1 - y), 0 at
+    x = 20 in float32 where the exact value is 2.1e-9 (torch's own F.softplus gives 0 too),
+    and 1/expm1(x), log(1 - exp(-x))'s, has exp(x)/expm1(x)**2, inf/inf = nan at x = 100
+    (found by a double-backward survey). Of the symbolic forms that pass, the cheapest.
+    """
+    autograd = _autograd_derivative(formula, symbol)
+    exact = _differentiate(raw, symbol)
+    if autograd is None or finite_where_the_math_is(autograd, exact):
+        return None
+    candidates: dict[sympy.Expr, set[str]] = {}
+    for candidate in (cheapest_form(exact), _differentiate(gradient, symbol)):
+        used: set[str] = set()
+        (candidate,) = _cheaper_forms((stabilize(candidate),), used, False)
+        if candidate not in candidates and finite_where_the_math_is(candidate, exact):
+            candidates[candidate] = used
+    if not candidates:
+        return None
+    chosen = min(candidates, key=lambda c: (op_count(c), sympy.default_sort_key(c)))
+    identities |= candidates[chosen]
+    return chosen
 
 
 def _reusing_shared_work(gradients: list[tuple[sympy.Expr, ...]]) -> list[tuple[sympy.Expr, ...]]:
@@ -620,6 +678,9 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     symbols = tuple(sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name))
     if not 1 <= len(symbols) <= 2:
         return True
+    # As printed: a Removable is a torch.where of its series and its closed form, which mpmath
+    # would otherwise evaluate exactly (at 30 more digits) and so never see overflow.
+    candidate = _as_printed(candidate)
     try:
         exact_values = _exact_values(reference, symbols)
         in_formats = [_in_float_range(_probe_code(symbols, candidate), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS]

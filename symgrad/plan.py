@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import sympy
 
-from .derive import IDENTITIES, Derivation, differentiable_form, op_count, with_derivatives_as_outputs
+from .derive import (
+    IDENTITIES,
+    Derivation,
+    differentiable_form,
+    exact_second_derivative,
+    op_count,
+    with_derivatives_as_outputs,
+)
 from .errors import SymgradError
 from .inplace import FUSED_TERM, IN_PLACE_CALL, reuse_buffers
 from .kernels import whole_gradient_kernel
@@ -67,6 +74,18 @@ class Fused:
 
 
 @dataclass(frozen=True)
+class SecondDerivative:
+    """A Function computing d(result)/d(input), whose backward and jvp are the symbolic
+    second derivative: what backward calls under create_graph=True, in place of a formula
+    whose autograd derivative is not finite or not accurate."""
+
+    class_name: str
+    forward: Method
+    backward: Method
+    jvp: Method
+
+
+@dataclass(frozen=True)
 class Plan:
     """Stage-3 result: everything a template prints, as strings."""
 
@@ -98,6 +117,9 @@ class Plan:
     # The forward of the torch.compile twin (no_jvp_class) where ``forward`` writes its
     # temporaries in place; None where the two are the same. See _Builder.compiled_forward.
     compiled_forward: Method | None = None
+    # Double backward's own Function, where autograd's derivative of the create_graph formula
+    # would be nan or inaccurate (derive.exact_second_derivative).
+    second_derivative: "SecondDerivative | None" = None
 
 
 @dataclass(frozen=True)
@@ -134,7 +156,7 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     parsed = derivation.parsed
     spec = parsed.spec
     n_out = len(parsed.outputs)
-    module_level = {spec.name, f"_{spec.name}NoJvp", alias, "torch", _value_name(alias)}
+    module_level = {spec.name, f"_{spec.name}NoJvp", _derivative_class(spec.name), alias, "torch", _value_name(alias)}
     if spec.fuse:
         module_level |= set(_fused_names(alias).values()) | set(COMPILED_HELPERS)
     # Builtins the generated bodies call, which a user symbol must not shadow.
@@ -162,6 +184,11 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
     grads = tuple(namer.claim(f"grad_{internal[s]}") for s in parsed.inputs)
     tangents = tuple(namer.claim(f"{internal[s]}_tangent") for s in parsed.inputs + parsed.params)
     return _Names(symbols, public, results, grad_outputs, grads, tangents, namer.numbered("t"), namer)
+
+
+def _derivative_class(name: str) -> str:
+    """The module-level Function computing d(result)/d(input) for double backward (SecondDerivative)."""
+    return f"_{name}Derivative"
 
 
 def _value_name(alias: str) -> str:
@@ -253,6 +280,9 @@ class _Builder:
         self.reused = False
         # Whether an eager body adds a sum's term by one kernel (said in the docstring).
         self.fused_terms = False
+        # Set by backward where double backward needs a Function of its own.
+        self.second: SecondDerivative | None = None
+        self.second_identities: set[str] = set()
 
     def ctx_ref(self, attribute: str) -> str:
         """``ctx.<attribute>`` in a method; a parameter of the same meaning in a pure function."""
@@ -353,6 +383,7 @@ class _Builder:
             surrogate=any(self.d.surrogate),
             fused=_with_helpers(fused.plan, value) if fused else None,
             compiled_forward=self.compiled_forward(out_of_place_forward, forward),
+            second_derivative=self.second,
         )
 
     @staticmethod
@@ -630,11 +661,69 @@ class _Builder:
                 shape = self.ctx_ref(self.name(symbol) + "_shape")
                 terms = [f"({term}).sum_to_size({shape})" for term in terms]
             body.append(f"{grad} = {' + '.join(terms)}")
-            if kernels[j] is not None:
+            second = self.second_derivative(entries, exprs) if j == 0 else None
+            if second is not None:
+                body = _second_derivative_branch(kernels[j] or body, self.second_derivative_call(entries[0][0], second))
+            elif kernels[j] is not None:
                 body = _first_order_branch(grad, kernels[j], body, sech_as_sigmoids=j in rewritten)
             lines += [INDENT + line for line in body]
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
+
+    def second_derivative(self, entries: list[tuple[int, int]], exprs: list[sympy.Expr]) -> SecondDerivative | None:
+        """Double backward's own Function (SecondDerivative), where the create_graph formula
+        ``exprs[0]`` has an autograd derivative that is nan or inaccurate and a symbolic
+        second derivative is not (derive.exact_second_derivative); else None.
+
+        One input, one output and no params only: the Function then has one input and one
+        output, and so one second derivative. Not fused (its bodies are pure tensor
+        functions), in place, or a surrogate (whose derivative is declared, not derived).
+        """
+        spec = self.p.spec
+        if spec.fuse or spec.inplace or self.pure or self.params or len(self.inputs) != 1 or len(entries) != 1:
+            return None
+        (i, j), symbol = entries[0], self.inputs[0]
+        if self.d.surrogate[j]:
+            return None
+        gradient = self.d.gradients[i][j]
+        # autograd differentiates the output through this Function's own backward: the gradient.
+        formula = exprs[0].xreplace({self.names.results[i]: self.d.forward[i]})
+        identities: set[str] = set()
+        try:
+            second = exact_second_derivative(formula, self.d.raw_gradients[i][j], gradient, symbol, identities)
+        except SymgradError:
+            return None  # SymPy cannot differentiate it again: autograd differentiates the formula
+        if second is None:
+            return None
+        self.second_identities = identities
+        x, tangent = self.name(symbol), self.names.tangents[j]
+        grad = self.names.namer.claim(f"grad_d{self.name(self.names.results[i])}_d{x}")
+
+        def method(params: tuple[str, ...], expr: sympy.Expr, factor: str | None, reference: str) -> Method:
+            self.reference = reference
+            temps, (reduced,) = self.cse([expr])
+            lines = [] if factor is None else [f"({x},) = ctx.saved_tensors"]
+            lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
+            value = self.code(reduced)
+            return Method(params, tuple(lines), value if factor is None else f"{factor} * {_factor(value)}")
+
+        return SecondDerivative(
+            class_name=_derivative_class(spec.name),
+            forward=self.eager(method((x,), gradient, None, x)),
+            backward=self.eager(method(("ctx", grad), second, grad, grad), differentiating=True),
+            jvp=self.eager(method(("ctx", tangent), second, tangent, tangent), differentiating=True),
+        )
+
+    def second_derivative_call(self, output: int, second: SecondDerivative) -> list[str]:
+        """The lines computing the gradient from SecondDerivative's d(result)/d(input)."""
+        self.second = second
+        derivative = sympy.Dummy("derivative")
+        x = self.name(self.inputs[0])
+        self.names.symbols[derivative] = self.names.namer.claim(f"d{self.name(self.names.results[output])}_d{x}")
+        return [
+            f"{self.name(derivative)} = {second.class_name}.apply({x})",
+            f"{self.names.grads[0]} = {self.backward_term(output, derivative)}",
+        ]
 
     def first_order_kernel(self, j: int) -> str | None:
         """The call of an ATen backward kernel (symgrad.kernels) that computes input ``j``'s
@@ -805,9 +894,10 @@ class _Builder:
                 marker = "  (surrogate: not the true derivative)" if self.d.surrogate[j] else ""
                 inner = "the elementwise part of " if self.outputs[i].reduction else ""
                 lines.append(f"d{name}/d{symbol.name} = {gradient}{marker}" if not inner else f"d({inner}{name})/d{symbol.name} = {gradient}")
-        if self.d.identities:
+        identities = sorted(set(self.d.identities) | self.second_identities)
+        if identities:
             lines.append("")
-            uses_abs = {"sech", "sigmoid_pair"} & set(self.d.identities)
+            uses_abs = {"sech", "sigmoid_pair"} & set(identities)
             lines += textwrap.wrap(
                 (
                     "The fused bodies use these identities, which need fewer or cheaper calls in"
@@ -820,7 +910,7 @@ class _Builder:
                 + (
                     "; they give 0 where sigmoid(u) underflows, u < -88.7 in float32, where"
                     " tanh(softplus(u)) is below the smallest normal float32)"
-                    if {"tanh_softplus", "cosh_softplus"} & set(self.d.identities)
+                    if {"tanh_softplus", "cosh_softplus"} & set(identities)
                     else ")"
                 )
                 + (
@@ -831,7 +921,7 @@ class _Builder:
                 ),
                 width=88,
             )
-            lines += [f"    {IDENTITIES[name]}" for name in self.d.identities]
+            lines += [f"    {IDENTITIES[name]}" for name in identities]
         if self.reused:
             lines.append("")
             lines += textwrap.wrap(
@@ -1101,6 +1191,28 @@ def _first_order_branch(grad: str, kernel: str, formula: list[str], sech_as_sigm
         f"{INDENT}# create_graph=True: the formula, which double backward differentiates exactly.",
         *why,
         *(INDENT + line for line in formula),
+    ]
+
+
+def _second_derivative_branch(first_order: str | list[str], create_graph: list[str]) -> list[str]:
+    """A gradient's lines where double backward has its own Function (SecondDerivative):
+    ``first_order`` (a kernel's call, or the formula's lines) unless autograd records
+    backward, else ``create_graph``."""
+    if isinstance(first_order, str):
+        first = [
+            f"{INDENT}# First order: ATen's fused backward kernel, fewer passes over memory.",
+            f"{INDENT}{create_graph[-1].split(' = ')[0]} = {first_order}",
+        ]
+    else:
+        first = [INDENT + line for line in first_order]
+    return [
+        "if not torch.is_grad_enabled():",
+        *first,
+        "else:",
+        f"{INDENT}# create_graph=True: autograd's derivative of the formula would be nan or inexact",
+        f"{INDENT}# somewhere the math is finite, so the derivative comes from a Function whose",
+        f"{INDENT}# backward is the exact second derivative.",
+        *(INDENT + line for line in create_graph),
     ]
 
 
