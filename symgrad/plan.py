@@ -196,9 +196,11 @@ def _value_name(alias: str) -> str:
     return f"_{alias}_value"
 
 
-def _with_helpers(fused: Fused, value: Method | None) -> Fused:
-    """``fused`` with the source of each printer.COMPILED_HELPERS function its code calls."""
-    methods = [m for m in (fused.forward, fused.backward, fused.jvp, value) if m is not None]
+def _with_helpers(fused: Fused, value: Method | None, second: SecondDerivative | None) -> Fused:
+    """``fused`` with the source of each printer.COMPILED_HELPERS function its code calls
+    (``second``'s too: its methods are printed as the bodies are)."""
+    extra = (second.forward, second.backward, second.jvp) if second else ()
+    methods = [m for m in (fused.forward, fused.backward, fused.jvp, value, *extra) if m is not None]
     code = "\n".join(line for m in methods for line in (*m.lines, m.returns))
     helpers: list[str] = []
     for name, source in sorted(COMPILED_HELPERS.items()):
@@ -381,7 +383,7 @@ class _Builder:
             inplace=inplace,
             refuses_double_backward=once,
             surrogate=any(self.d.surrogate),
-            fused=_with_helpers(fused.plan, value) if fused else None,
+            fused=_with_helpers(fused.plan, value, self.second) if fused else None,
             compiled_forward=self.compiled_forward(out_of_place_forward, forward),
             second_derivative=self.second,
         )
@@ -404,17 +406,18 @@ class _Builder:
             return None
         return out_of_place
 
-    def eager(self, method: Method, differentiating: bool = False) -> Method:
+    def eager(self, method: Method, differentiating: bool = False, gradients: tuple[str, ...] = ()) -> Method:
         """An eager body reuses its temporaries' buffers (symgrad.inplace). Not --inplace,
         whose forward writes its input, and not fused bodies: inductor plans its own buffers.
 
         ``differentiating``: backward and jvp run only when an input is differentiated, so
         with a single input that input is floating (only floating tensors have gradients and
-        tangents), and so is every output computed from it.
+        tangents), and so is every output computed from it. ``gradients``: more parameters
+        that hold gradients (SecondDerivative's backward's).
         """
         if self.p.spec.inplace:
             return method
-        gradients = frozenset(self.names.grad_outputs + self.names.tangents)
+        gradients = frozenset(self.names.grad_outputs + self.names.tangents + gradients)
         tensors = frozenset(self.name(s) for s in self.inputs + self.names.results) | gradients
         floating = gradients
         if differentiating and len(self.inputs) == 1 and not self.params:
@@ -472,7 +475,7 @@ class _Builder:
             line = f"{_unpack(grads) if len(grads) > 1 else grads[0]} = {call('backward', backward, ', '.join(fixed + ctx_args))}"
             backward_call = Method(
                 ("ctx",) + self.names.grad_outputs,
-                tuple(self.unpack_saved(saved)) + (line,),
+                tuple(self.unpack_saved(saved)) + tuple(self.fused_create_graph()) + (line,),
                 ", ".join(grads + ["None"] * len(self.params)),
             )
 
@@ -676,11 +679,12 @@ class _Builder:
         second derivative is not (derive.exact_second_derivative); else None.
 
         One input, one output and no params only: the Function then has one input and one
-        output, and so one second derivative. Not fused (its bodies are pure tensor
-        functions), in place, or a surrogate (whose derivative is declared, not derived).
+        output, and so one second derivative. Not in place, a surrogate (whose derivative is
+        declared, not derived), or inside a fused body (a pure tensor function: a fused
+        backward calls it before its body, fused_create_graph).
         """
         spec = self.p.spec
-        if spec.fuse or spec.inplace or self.pure or self.params or len(self.inputs) != 1 or len(entries) != 1:
+        if spec.inplace or self.pure or self.params or len(self.inputs) != 1 or len(entries) != 1:
             return None
         (i, j), symbol = entries[0], self.inputs[0]
         if self.d.surrogate[j]:
@@ -710,9 +714,27 @@ class _Builder:
         return SecondDerivative(
             class_name=_derivative_class(spec.name),
             forward=self.eager(method((x,), gradient, None, x)),
-            backward=self.eager(method(("ctx", grad), second, grad, grad), differentiating=True),
+            backward=self.eager(method(("ctx", grad), second, grad, grad), differentiating=True, gradients=(grad,)),
             jvp=self.eager(method(("ctx", tangent), second, tangent, tangent), differentiating=True),
         )
+
+    def fused_create_graph(self) -> list[str]:
+        """A fused backward's lines for create_graph=True where double backward needs
+        SecondDerivative (else none): before the body's call, which then runs first order only."""
+        entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
+        second = self.second_derivative(entries, [self.rows[i][j] for i, j in entries])
+        if second is None:
+            return []
+        grad = self.names.grads[0]
+        call = self.second_derivative_call(entries[0][0], second)
+        return [
+            "if torch.is_grad_enabled():",
+            *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT),
+            f"{INDENT}{grad} = None",
+            f"{INDENT}if ctx.needs_input_grad[0]:",
+            *(INDENT * 2 + line for line in call),
+            f"{INDENT}return {grad}",
+        ]
 
     def second_derivative_call(self, output: int, second: SecondDerivative) -> list[str]:
         """The lines computing the gradient from SecondDerivative's d(result)/d(input)."""
@@ -1209,11 +1231,16 @@ def _second_derivative_branch(first_order: str | list[str], create_graph: list[s
         "if not torch.is_grad_enabled():",
         *first,
         "else:",
-        f"{INDENT}# create_graph=True: autograd's derivative of the formula would be nan or inexact",
-        f"{INDENT}# somewhere the math is finite, so the derivative comes from a Function whose",
-        f"{INDENT}# backward is the exact second derivative.",
+        *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT),
         *(INDENT + line for line in create_graph),
     ]
+
+
+_SECOND_DERIVATIVE_COMMENT = (
+    "# create_graph=True: autograd's derivative of the formula would be nan or inexact",
+    "# somewhere the math is finite, so the derivative comes from a Function whose",
+    "# backward is the exact second derivative.",
+)
 
 
 def _expand_functions(expr: sympy.Expr) -> sympy.Expr:

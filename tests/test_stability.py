@@ -1189,13 +1189,11 @@ def _second_derivative_errors(case, module, dtype, device, exact_beyond: float) 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("name", ["sigmoid", "silu", "tanh", "softplus_neg", "gelu"])
 def test_second_derivatives_are_finite_and_match_exact_math(name, dtype, save, fuse, gen_dir, device):
-    """Finite everywhere; exact everywhere unfused, and up to |x| = 5 fused. (Beyond, a fused
-    formula that autograd differentiates through torch.sigmoid inherits its y*(1 - y), 0 in
-    float32 from about x = 17: SiLU's second derivative at 20 is 0 there, where the truth is
-    -3.7e-8. Unfused modules have plan.SecondDerivative for that.)"""
+    """Finite and exact everywhere. (A formula that autograd differentiates through
+    torch.sigmoid inherits its y*(1 - y), 0 in float32 from about x = 17: SiLU's second
+    derivative at 20 was 0 there, where the truth is -3.7e-8, until plan.SecondDerivative.)"""
     case = next(c for c in CASES if c.name == name)
-    exact_beyond = 5.0 if fuse else math.inf
-    bad = _second_derivative_errors(case, load(case, gen_dir, save=save, fuse=fuse), dtype, device, exact_beyond=exact_beyond)
+    bad = _second_derivative_errors(case, load(case, gen_dir, save=save, fuse=fuse), dtype, device, exact_beyond=math.inf)
     assert not bad, f"{name} ({save}, fused={fuse}, {dtype}): second derivative off at {bad}"
 
 
@@ -1288,21 +1286,33 @@ def _points_in_domain(case) -> list[float]:
     return [p for p in SECOND_DERIVATIVE_POINTS if case.where(mpmath.mpf(p))]
 
 
-@pytest.mark.parametrize("save", ["memory", "speed"])
+# The one-input cases whose fused modules get plan.SecondDerivative: autograd's derivative of
+# their create_graph formula is 0 or nan somewhere the math is finite.
+_SECOND_DERIVATIVE_FUNCTION_CASES = [
+    "softplus", "softplus_neg", "silu", "silu_simplified", "mish", "logsigmoid", "pseudo_huber",
+    "pseudo_huber_scaled", "logcosh", "softplus_inverse", "log1mexp", "bernoulli",
+]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("name", [c.name for c in CASES if len(c.inputs) == 1])
-def test_eager_second_derivatives_match_exact_math_everywhere(name, dtype, save, gen_dir, device):
-    """Every one-input case, unfused, to |x| = 1e4: double backward within
-    SECOND_DERIVATIVE_RTOL of the exact second derivative wherever the format holds it.
+@pytest.mark.parametrize(
+    "name, save, fuse",
+    [(c.name, save, False) for c in CASES if len(c.inputs) == 1 for save in ("memory", "speed")]
+    + [(name, save, True) for name in _SECOND_DERIVATIVE_FUNCTION_CASES for save in ("memory", "speed")],
+)
+def test_second_derivatives_match_exact_math_everywhere(name, save, fuse, dtype, gen_dir, device):
+    """Every one-input case to |x| = 1e4 (fused: the cases that needed it, since each
+    compiles its forward): double backward within SECOND_DERIVATIVE_RTOL of the exact second
+    derivative wherever the format holds it.
 
     Where autograd's derivative of the create_graph formula would not be (softplus's
     sigmoid(x), by y*(1 - y): 0 at x = 20 in float32, truth 2.1e-9; log1mexp's 1/expm1(x),
     by exp(x)/expm1(x)**2: nan at 100), backward calls a Function whose backward is the
-    symbolic second derivative (plan.SecondDerivative). Before it, 40 of these 104 failed,
-    float64 ones included (at |x| = 300 and 1e4).
+    symbolic second derivative (plan.SecondDerivative). Before it, 40 of the 104 unfused
+    ones failed, float64 ones included (at |x| = 300 and 1e4).
     """
     case = next(c for c in CASES if c.name == name)
-    module = load(case, gen_dir, save=save)
+    module = load(case, gen_dir, save=save, fuse=fuse)
     points = _points_in_domain(case)
     x = torch.tensor(points, dtype=dtype, device=device, requires_grad=True)
     (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
@@ -1331,16 +1341,20 @@ def test_eager_second_derivatives_match_exact_math_everywhere(name, dtype, save,
         ("sqrt(x)+1/x", False),
     ],
 )
-def test_second_derivative_function_only_where_autograd_would_fail(expr, expected):
-    source = generate_source(expr, "Case")
+@pytest.mark.parametrize("fuse", [False, True])
+def test_second_derivative_function_only_where_autograd_would_fail(expr, expected, fuse):
+    source = generate_source(expr, "Case", fuse=fuse)
     assert ("class _CaseDerivative(torch.autograd.Function)" in source) is expected
     assert ("_CaseDerivative.apply(x)" in source) is expected
+    if expected and fuse:
+        # Fused: called from backward itself, before the compiled body (a pure function).
+        backward = source[source.index("def _case_backward(") : source.index("def _case_jvp(")]
+        assert "_CaseDerivative" not in backward
 
 
 @pytest.mark.parametrize(
     "expr, kwargs",
     [
-        ("log(1+exp(x))", {"fuse": True}),  # fused bodies are pure tensor functions
         ("log(1+exp(x))", {"inplace": True}),
         ("log(1+exp(x))", {"grads": {"x": "1"}}),  # a surrogate: its derivative is declared
         ("log(1+exp(x*y))", {}),  # two inputs
