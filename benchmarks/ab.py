@@ -1,11 +1,12 @@
 """A/B timing of two folders of generated modules: one symgrad version against another.
 
-    python benchmarks/ab.py OLD_DIR NEW_DIR [--n 1e7] [--rounds 9] [--calls 1] [--system-malloc]
+    python benchmarks/ab.py OLD_DIR NEW_DIR [--n 1e7] [--rounds 9] [--calls 1] [--double] [--system-malloc]
 
 Each module present in both folders (same file name) is timed for one forward plus
 backward, the two versions alternating in the same process, each round in the other
 order; the median ratio new/old is printed. A module whose code is the same in both
-folders is a noise control. At small N, where one call takes microseconds, ``--calls``
+folders is a noise control. ``--double`` times double backward instead: forward, backward
+with create_graph=True, and the backward of that gradient. At small N, where one call takes microseconds, ``--calls``
 times that many calls per round (``--n 8 --calls 1000`` measures the per-call cost).
 Like bench.py, it runs on one thread and, unless ``--system-malloc`` is given, with glibc
 told to keep freed buffers (see bench.py).
@@ -30,12 +31,23 @@ def _load(path: Path, prefix: str):
     return module
 
 
-def _time(torch, function, inputs, upstream, calls: int = 1) -> float:
+def _time(torch, function, inputs, upstream, calls: int = 1, timed_step=step) -> float:
     """Seconds per call, over ``calls`` calls."""
     start = time.perf_counter()
     for _ in range(calls):
-        step(torch, function, inputs, upstream)
+        timed_step(torch, function, inputs, upstream)
     return (time.perf_counter() - start) / calls
+
+
+def double_step(torch, fn, xs, upstream):
+    """Forward, backward with create_graph=True, then the backward of that gradient (of
+    sum(upstream * gradient)): what a gradient penalty or a Hessian-vector product runs."""
+    out = fn(*xs)
+    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+    grads = torch.autograd.grad(outs, xs, [upstream if o.dim() else None for o in outs], create_graph=True)
+    live = [g for g in grads if g is not None and g.requires_grad]
+    weights = [upstream if g.shape == upstream.shape else torch.ones_like(g) for g in live]
+    return torch.autograd.grad(live, xs, weights, allow_unused=True)
 
 
 def main() -> int:
@@ -45,6 +57,7 @@ def main() -> int:
     parser.add_argument("--n", type=float, default=1e7, help="elements per input (default 1e7)")
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds (default 9)")
     parser.add_argument("--calls", type=int, default=1, help="calls per timed round (default 1; 1000s at small N)")
+    parser.add_argument("--double", action="store_true", help="time double backward (create_graph=True, then its backward)")
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     args = parser.parse_args()
     if args.calls < 1 or args.rounds < 1:
@@ -54,7 +67,9 @@ def main() -> int:
 
     torch.set_num_threads(1)
     n = int(args.n)
-    print(f"N={n:.0e}, {args.rounds} rounds of {args.calls} calls, allocator: {'glibc defaults' if args.system_malloc else 'buffers kept'}")
+    timed_step = double_step if args.double else step
+    what = "double backward" if args.double else "forward plus backward"
+    print(f"{what}, N={n:.0e}, {args.rounds} rounds of {args.calls} calls, allocator: {'glibc defaults' if args.system_malloc else 'buffers kept'}")
     for path in sorted(args.old.glob("*.py")):
         other = args.new / path.name
         if path.name == "__init__.py" or not other.exists():
@@ -72,10 +87,10 @@ def main() -> int:
         upstream = torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5
         times: dict[str, list[float]] = {"old": [], "new": []}
         for label in ("old", "new", "old", "new"):  # warm-up
-            _time(torch, functions[label], inputs, upstream)
+            _time(torch, functions[label], inputs, upstream, timed_step=timed_step)
         for round_ in range(args.rounds):
             for label in ("old", "new") if round_ % 2 else ("new", "old"):
-                times[label].append(_time(torch, functions[label], inputs, upstream, args.calls))
+                times[label].append(_time(torch, functions[label], inputs, upstream, args.calls, timed_step))
         old_ms, new_ms = (statistics.median(times[k]) * 1e3 for k in ("old", "new"))
         unit, scale = ("us", 1e3) if old_ms < 1 else ("ms", 1)
         same = path.read_text().splitlines()[6:] == other.read_text().splitlines()[6:]

@@ -213,35 +213,51 @@ def _as_printed(expr: sympy.Expr) -> sympy.Expr:
     ).replace(lambda node: isinstance(node, TaylorPolynomial), lambda node: node.elementary())
 
 
-def exact_second_derivative(
-    formula: sympy.Expr, raw: sympy.Expr, gradient: sympy.Expr, symbol: sympy.Symbol, identities: set[str]
-) -> sympy.Expr | None:
-    """The second derivative for double backward to use in place of autograd's derivative of
-    ``formula`` (the create_graph formula of ``gradient``, whose unstabilised form is ``raw``),
-    where autograd's is nan or inaccurate (finite_where_the_math_is) and a symbolic one is
-    not; else None. Adds the identities its form uses to ``identities``.
+def autograd_loses_second_derivatives(formula: sympy.Expr, raw: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> bool:
+    """Whether autograd's derivative of ``formula`` (a create_graph formula of a gradient,
+    whose unstabilised form is ``raw``) by some of ``symbols`` is nan or inaccurate where
+    the mathematics is finite (finite_where_the_math_is).
 
     autograd differentiates what backward computed, and that can lose what the first
     derivative kept: softplus's formula sigmoid(x) has autograd's derivative y*(1 - y), 0 at
     x = 20 in float32 where the exact value is 2.1e-9 (torch's own F.softplus gives 0 too),
     and 1/expm1(x), log(1 - exp(-x))'s, has exp(x)/expm1(x)**2, inf/inf = nan at x = 100
-    (found by a double-backward survey). Of the symbolic forms that pass, the cheapest.
+    (found by a double-backward survey). Where SymPy cannot write autograd's derivative,
+    False: it stays autograd's.
     """
-    autograd = _autograd_derivative(formula, symbol)
-    exact = _differentiate(raw, symbol)
-    if autograd is None or finite_where_the_math_is(autograd, exact):
-        return None
-    candidates: dict[sympy.Expr, set[str]] = {}
-    for candidate in (cheapest_form(exact), _differentiate(gradient, symbol)):
-        used: set[str] = set()
-        (candidate,) = _cheaper_forms((stabilize(candidate),), used, False)
-        if candidate not in candidates and finite_where_the_math_is(candidate, exact):
-            candidates[candidate] = used
-    if not candidates:
-        return None
-    chosen = min(candidates, key=lambda c: (op_count(c), sympy.default_sort_key(c)))
-    identities |= candidates[chosen]
-    return chosen
+    for symbol in symbols:
+        autograd = _autograd_derivative(formula, symbol)
+        if autograd is None:
+            return False
+        if not finite_where_the_math_is(autograd, _differentiate(raw, symbol)):
+            return True
+    return False
+
+
+def exact_second_derivatives(
+    raw: sympy.Expr, gradient: sympy.Expr, symbols: tuple[sympy.Symbol, ...], identities: set[str]
+) -> tuple[sympy.Expr, ...] | None:
+    """The derivatives of ``gradient`` (whose unstabilised form is ``raw``) by each of
+    ``symbols``, each the cheapest symbolic form that finite_where_the_math_is accepts, for
+    double backward to use where autograd's would be wrong (autograd_loses_second_derivatives);
+    None where some derivative has no such form. Adds the identities used to ``identities``.
+    """
+    row, used_by_row = [], set()
+    for symbol in symbols:
+        exact = _differentiate(raw, symbol)
+        candidates: dict[sympy.Expr, set[str]] = {}
+        for candidate in (cheapest_form(exact), _differentiate(gradient, symbol)):
+            used: set[str] = set()
+            (candidate,) = _cheaper_forms((stabilize(candidate),), used, False)
+            if candidate not in candidates and finite_where_the_math_is(candidate, exact):
+                candidates[candidate] = used
+        if not candidates:
+            return None
+        chosen = min(candidates, key=lambda c: (op_count(c), sympy.default_sort_key(c)))
+        used_by_row |= candidates[chosen]
+        row.append(chosen)
+    identities |= used_by_row
+    return tuple(row)
 
 
 def _reusing_shared_work(gradients: list[tuple[sympy.Expr, ...]]) -> list[tuple[sympy.Expr, ...]]:

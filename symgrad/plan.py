@@ -17,8 +17,9 @@ import sympy
 from .derive import (
     IDENTITIES,
     Derivation,
+    autograd_loses_second_derivatives,
     differentiable_form,
-    exact_second_derivative,
+    exact_second_derivatives,
     op_count,
     with_derivatives_as_outputs,
 )
@@ -80,6 +81,7 @@ class SecondDerivative:
     whose autograd derivative is not finite or not accurate."""
 
     class_name: str
+    derivatives: tuple[str, ...]  # forward's outputs, d(result)/d(input) for each input
     forward: Method
     backward: Method
     jvp: Method
@@ -469,13 +471,14 @@ class _Builder:
             backward, backward_call = None, self.backward(saved)
         else:
             fixed = self.names.grad_outputs + tuple(values)
+            entries = self.gradient_entries()
             backward, ctx_args = pure(lambda: self.backward(saved, with_unpack=False), fixed)
             grads = list(self.names.grads)
             backward = Method(backward.params, backward.lines, ", ".join(grads))
             line = f"{_unpack(grads) if len(grads) > 1 else grads[0]} = {call('backward', backward, ', '.join(fixed + ctx_args))}"
             backward_call = Method(
                 ("ctx",) + self.names.grad_outputs,
-                tuple(self.unpack_saved(saved)) + tuple(self.fused_create_graph()) + (line,),
+                tuple(self.unpack_saved(saved)) + tuple(self.create_graph_branch(entries, [self.rows[i][j] for i, j in entries])) + (line,),
                 ", ".join(grads + ["None"] * len(self.params)),
             )
 
@@ -631,11 +634,15 @@ class _Builder:
             return self.speed_backward(saved, with_unpack)
         lines = self.unpack_saved(saved) if with_unpack else []
         # All gradients share one CSE, so work common to several inputs is done once.
-        entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
+        entries = self.gradient_entries()
         kernels = [self.first_order_kernel(j) for j in range(len(self.inputs))]
         # Where a kernel computes the first-order gradient, the formula runs only for double
         # backward, so it takes the form whose autograd derivative is finite.
         exprs = [differentiable_form(self.rows[i][j]) if kernels[j] else self.rows[i][j] for i, j in entries]
+        create_graph = [] if self.pure else self.create_graph_branch(entries, exprs)
+        lines += create_graph
+        if create_graph:
+            exprs = [self.rows[i][j] for i, j in entries]  # first order only from here
         rewritten = {j for (i, j), expr in zip(entries, exprs) if expr != self.rows[i][j]}
         temps, reduced = self.cse(exprs)
         reference = self.reference = self.names.grad_outputs[self.live.index(True)]
@@ -664,88 +671,148 @@ class _Builder:
                 shape = self.ctx_ref(self.name(symbol) + "_shape")
                 terms = [f"({term}).sum_to_size({shape})" for term in terms]
             body.append(f"{grad} = {' + '.join(terms)}")
-            second = self.second_derivative(entries, exprs) if j == 0 else None
-            if second is not None:
-                body = _second_derivative_branch(kernels[j] or body, self.second_derivative_call(entries[0][0], second))
+            if kernels[j] is not None and create_graph:
+                body = [
+                    "# First order (create_graph=True returned above): ATen's fused backward kernel,",
+                    "# fewer passes over memory.",
+                    f"{grad} = {kernels[j]}",
+                ]
             elif kernels[j] is not None:
                 body = _first_order_branch(grad, kernels[j], body, sech_as_sigmoids=j in rewritten)
             lines += [INDENT + line for line in body]
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(lines), ", ".join(grads))
 
-    def second_derivative(self, entries: list[tuple[int, int]], exprs: list[sympy.Expr]) -> SecondDerivative | None:
-        """Double backward's own Function (SecondDerivative), where the create_graph formula
-        ``exprs[0]`` has an autograd derivative that is nan or inaccurate and a symbolic
-        second derivative is not (derive.exact_second_derivative); else None.
+    def gradient_entries(self) -> list[tuple[int, int]]:
+        """(output i, input j) of each gradient that is not zero."""
+        return [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
 
-        One input, one output and no params only: the Function then has one input and one
-        output, and so one second derivative. Not in place, a surrogate (whose derivative is
-        declared, not derived), or inside a fused body (a pure tensor function: a fused
-        backward calls it before its body, fused_create_graph).
+    def second_derivative(self, entries: list[tuple[int, int]], exprs: list[sympy.Expr]) -> SecondDerivative | None:
+        """Double backward's own Function (SecondDerivative), where autograd's derivative of
+        some create_graph formula ``exprs[k]`` (of gradient ``entries[k]``) is nan or
+        inaccurate and symbolic second derivatives are not (derive); else None.
+
+        One output (elementwise or reduced) and no params: the Function's outputs are then
+        the gradients' derivatives d(result)/d(input), one per input. Not in place, nor with
+        a surrogate (whose derivative is declared, not derived).
         """
         spec = self.p.spec
-        if spec.inplace or self.pure or self.params or len(self.inputs) != 1 or len(entries) != 1:
+        if spec.inplace or self.params or len({i for i, _ in entries}) != 1 or any(self.d.surrogate):
             return None
-        (i, j), symbol = entries[0], self.inputs[0]
-        if self.d.surrogate[j]:
-            return None
-        gradient = self.d.gradients[i][j]
+        output = entries[0][0]
+        gradients = [self.d.gradients[i][j] for i, j in entries]
+        if any(not numbers_to_floats(g).free_symbols for g in gradients):
+            return None  # a constant derivative: no tensor to return, and nothing to lose
+        raws = [self.d.raw_gradients[i][j] for i, j in entries]
         # autograd differentiates the output through this Function's own backward: the gradient.
-        formula = exprs[0].xreplace({self.names.results[i]: self.d.forward[i]})
-        identities: set[str] = set()
+        restored = {self.names.results[output]: self.d.forward[output]}
         try:
-            second = exact_second_derivative(formula, self.d.raw_gradients[i][j], gradient, symbol, identities)
+            if not any(
+                autograd_loses_second_derivatives(expr.xreplace(restored), raw, self.inputs)
+                for expr, raw in zip(exprs, raws)
+            ):
+                return None
+            identities: set[str] = set()
+            hessian = [exact_second_derivatives(raw, g, self.inputs, identities) for raw, g in zip(raws, gradients)]
         except SymgradError:
             return None  # SymPy cannot differentiate it again: autograd differentiates the formula
-        if second is None:
+        if any(row is None for row in hessian):
             return None
         self.second_identities = identities
-        x, tangent = self.name(symbol), self.names.tangents[j]
-        grad = self.names.namer.claim(f"grad_d{self.name(self.names.results[i])}_d{x}")
+        return self.second_derivative_methods(output, [j for _, j in entries], gradients, hessian)
 
-        def method(params: tuple[str, ...], expr: sympy.Expr, factor: str | None, reference: str) -> Method:
+    def second_derivative_methods(self, output: int, columns: list[int], gradients, hessian) -> SecondDerivative:
+        """SecondDerivative's methods: forward returns d(result)/d(input j) for each j in
+        ``columns`` (``gradients``); backward and jvp multiply by ``hessian`` (row k holds the
+        derivatives of ``gradients[k]`` by each input)."""
+        inputs = [self.name(s) for s in self.inputs]
+        several = len(inputs) > 1
+        result = self.name(self.names.results[output])
+        derivatives = [self.names.namer.claim(f"d{result}_d{inputs[j]}") for j in columns]
+        cotangents = tuple(self.names.namer.claim(f"grad_{d}") for d in derivatives)
+        unpack = f"{_unpack(inputs)} = ctx.saved_tensors"
+
+        def body(exprs: list[sympy.Expr], reference: str) -> tuple[list[str], list[str]]:
             self.reference = reference
-            temps, (reduced,) = self.cse([expr])
-            lines = [] if factor is None else [f"({x},) = ctx.saved_tensors"]
-            lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
-            value = self.code(reduced)
-            return Method(params, tuple(lines), value if factor is None else f"{factor} * {_factor(value)}")
+            temps, reduced = self.cse(exprs)
+            return [f"{self.name(t)} = {self.code(e)}" for t, e in temps], [self.code(e) for e in reduced]
 
+        lines, values = body(gradients, inputs[0])
+        returned = []
+        for k, (value, gradient) in enumerate(zip(values, gradients)):
+            # A new tensor each: forward-mode AD and torch.compile need that (dx of x*y is y).
+            if gradient.is_Symbol or value in values[:k]:
+                value = f"{value}.clone()"
+            returned.append(value)
+        forward = Method(tuple(inputs), tuple(lines), ", ".join(returned))
+
+        lines, values = body([h for row in hessian for h in row], cotangents[0])
+        grads = []
+        for j, name in enumerate(self.names.grads):
+            terms = []
+            for k, cotangent in enumerate(cotangents):
+                second = hessian[k][j]
+                if second == 0:
+                    continue
+                term = cotangent if _is_one(second) else f"{cotangent} * {_factor(values[k * len(inputs) + j])}"
+                terms.append(f"({term}).sum_to_size({inputs[j]}.shape)" if several else term)
+            if not terms:
+                grads.append("None")
+                continue
+            if several:
+                lines += [f"{name} = None", f"if ctx.needs_input_grad[{j}]:", f"{INDENT}{name} = {' + '.join(terms)}"]
+                grads.append(name)
+            else:
+                grads.append(" + ".join(terms))
+        backward = Method(("ctx",) + cotangents, (unpack, *lines), ", ".join(grads))
+
+        tangents = self.names.tangents[: len(inputs)]
+        zeros = [f"{t} = torch.zeros_like({x}) if {t} is None else {t}" for t, x in zip(tangents, inputs)] if several else []
+        lines, values = body([h for row in hessian for h in row], tangents[0])
+        pushed = []
+        for k in range(len(cotangents)):
+            terms = [
+                tangent if _is_one(hessian[k][j]) else f"{tangent} * {_factor(values[k * len(inputs) + j])}"
+                for j, tangent in enumerate(tangents)
+                if hessian[k][j] != 0
+            ]
+            pushed.append(" + ".join(terms))
+        jvp = Method(("ctx",) + tangents, (unpack, *zeros, *lines), ", ".join(pushed))
+        gradient_names = tuple(cotangents)
         return SecondDerivative(
-            class_name=_derivative_class(spec.name),
-            forward=self.eager(method((x,), gradient, None, x)),
-            backward=self.eager(method(("ctx", grad), second, grad, grad), differentiating=True, gradients=(grad,)),
-            jvp=self.eager(method(("ctx", tangent), second, tangent, tangent), differentiating=True),
+            class_name=_derivative_class(self.p.spec.name),
+            derivatives=tuple(derivatives),
+            forward=self.eager(forward),
+            backward=self.eager(backward, differentiating=True, gradients=gradient_names),
+            jvp=self.eager(jvp, differentiating=True),
         )
 
-    def fused_create_graph(self) -> list[str]:
-        """A fused backward's lines for create_graph=True where double backward needs
-        SecondDerivative (else none): before the body's call, which then runs first order only."""
-        entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
-        second = self.second_derivative(entries, [self.rows[i][j] for i, j in entries])
+    def create_graph_branch(self, entries: list[tuple[int, int]], exprs: list[sympy.Expr]) -> list[str]:
+        """Backward's lines for create_graph=True where double backward needs SecondDerivative
+        (else none): they return, and the first-order code after them runs otherwise."""
+        second = self.second_derivative(entries, exprs)
         if second is None:
             return []
-        grad = self.names.grads[0]
-        call = self.second_derivative_call(entries[0][0], second)
-        return [
-            "if torch.is_grad_enabled():",
-            *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT),
-            f"{INDENT}{grad} = None",
-            f"{INDENT}if ctx.needs_input_grad[0]:",
-            *(INDENT * 2 + line for line in call),
-            f"{INDENT}return {grad}",
-        ]
-
-    def second_derivative_call(self, output: int, second: SecondDerivative) -> list[str]:
-        """The lines computing the gradient from SecondDerivative's d(result)/d(input)."""
         self.second = second
-        derivative = sympy.Dummy("derivative")
-        x = self.name(self.inputs[0])
-        self.names.symbols[derivative] = self.names.namer.claim(f"d{self.name(self.names.results[output])}_d{x}")
-        return [
-            f"{self.name(derivative)} = {second.class_name}.apply({x})",
-            f"{self.names.grads[0]} = {self.backward_term(output, derivative)}",
-        ]
+        output = entries[0][0]
+        columns = [j for _, j in entries]
+        inputs = ", ".join(self.name(s) for s in self.inputs)
+        symbols = [sympy.Dummy(name) for name in second.derivatives]
+        self.names.symbols.update({symbol: name for symbol, name in zip(symbols, second.derivatives)})
+        lines = ["if torch.is_grad_enabled():", *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT)]
+        targets = _unpack(second.derivatives) if len(symbols) > 1 else second.derivatives[0]
+        lines.append(f"{INDENT}{targets} = {second.class_name}.apply({inputs})")
+        for j, symbol in enumerate(self.inputs):
+            grad = self.names.grads[j]
+            lines.append(f"{INDENT}{grad} = None")
+            if j not in columns:
+                continue
+            term = self.backward_term(output, symbols[columns.index(j)])
+            if self.broadcasts:
+                term = f"({term}).sum_to_size({self.ctx_ref(self.name(symbol) + '_shape')})"
+            lines += [f"{INDENT}if ctx.needs_input_grad[{j}]:", f"{INDENT * 2}{grad} = {term}"]
+        lines.append(f"{INDENT}return {', '.join(self.names.grads)}")
+        return lines
 
     def first_order_kernel(self, j: int) -> str | None:
         """The call of an ATen backward kernel (symgrad.kernels) that computes input ``j``'s
@@ -1213,26 +1280,6 @@ def _first_order_branch(grad: str, kernel: str, formula: list[str], sech_as_sigm
         f"{INDENT}# create_graph=True: the formula, which double backward differentiates exactly.",
         *why,
         *(INDENT + line for line in formula),
-    ]
-
-
-def _second_derivative_branch(first_order: str | list[str], create_graph: list[str]) -> list[str]:
-    """A gradient's lines where double backward has its own Function (SecondDerivative):
-    ``first_order`` (a kernel's call, or the formula's lines) unless autograd records
-    backward, else ``create_graph``."""
-    if isinstance(first_order, str):
-        first = [
-            f"{INDENT}# First order: ATen's fused backward kernel, fewer passes over memory.",
-            f"{INDENT}{create_graph[-1].split(' = ')[0]} = {first_order}",
-        ]
-    else:
-        first = [INDENT + line for line in first_order]
-    return [
-        "if not torch.is_grad_enabled():",
-        *first,
-        "else:",
-        *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT),
-        *(INDENT + line for line in create_graph),
     ]
 
 

@@ -75,6 +75,28 @@ def test_ab_compares_two_folders_of_modules(tmp_path):
     assert " us " in line and "new/old" in line, line
 
 
+def test_ab_times_double_backward(tmp_path):
+    """``--double``: forward, backward with create_graph=True and its backward, through a
+    module whose formula autograd differentiates (old) and one whose double backward has a
+    Function of its own (plan.SecondDerivative, new); no time is asserted."""
+    import symgrad
+
+    for folder, expr in (("old", "x**3 + x"), ("new", "log(1+exp(x))")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "softplus.py").write_text(symgrad.generate_source(expr, "Softplus"))
+    assert "_SoftplusDerivative.apply" in (tmp_path / "new" / "softplus.py").read_text()
+    result = subprocess.run(
+        [sys.executable, str(BENCH.parent / "ab.py"), str(tmp_path / "old"), str(tmp_path / "new"), "--n", "64", "--rounds", "2", "--double"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("double backward, N=6e+01"), result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.startswith("softplus "))
+    assert "new/old" in line, line
+
+
 def test_ab_refuses_zero_calls(tmp_path):
     result = subprocess.run(
         [sys.executable, str(BENCH.parent / "ab.py"), str(tmp_path), str(tmp_path), "--calls", "0"],
