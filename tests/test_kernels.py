@@ -137,7 +137,9 @@ def _module(expr: str, name: str, **options) -> dict:
 )
 def test_generated_backward_calls_the_kernel_only_when_not_recording(expr, kernel, count, monkeypatch):
     source = generate_source(expr, "Act")
-    assert f"torch.ops.aten.{kernel}(" in source and "if not torch.is_grad_enabled():" in source
+    # (Where double backward has a Function of its own, backward returns early with it.)
+    recording = "if not torch.is_grad_enabled():" in source or "if torch.is_grad_enabled():" in source
+    assert f"torch.ops.aten.{kernel}(" in source and recording
     namespace = _run(source)
     calls = []
     real = getattr(torch.ops.aten, kernel)
