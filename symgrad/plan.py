@@ -120,7 +120,7 @@ class Plan:
     # temporaries in place; None where the two are the same. See _Builder.compiled_forward.
     compiled_forward: Method | None = None
     # Double backward's own Function, where autograd's derivative of the create_graph formula
-    # would be nan or inaccurate (derive.exact_second_derivative).
+    # would be nan or inaccurate (derive.autograd_loses_second_derivatives).
     second_derivative: "SecondDerivative | None" = None
 
 
@@ -471,14 +471,16 @@ class _Builder:
             backward, backward_call = None, self.backward(saved)
         else:
             fixed = self.names.grad_outputs + tuple(values)
-            entries = self.gradient_entries()
             backward, ctx_args = pure(lambda: self.backward(saved, with_unpack=False), fixed)
             grads = list(self.names.grads)
             backward = Method(backward.params, backward.lines, ", ".join(grads))
             line = f"{_unpack(grads) if len(grads) > 1 else grads[0]} = {call('backward', backward, ', '.join(fixed + ctx_args))}"
+            # Double backward's Function, where it has one, is called here: the body is pure.
+            entries = self.gradient_entries()
+            create_graph = self.create_graph_branch(entries, [self.rows[i][j] for i, j in entries])
             backward_call = Method(
                 ("ctx",) + self.names.grad_outputs,
-                tuple(self.unpack_saved(saved)) + tuple(self.create_graph_branch(entries, [self.rows[i][j] for i, j in entries])) + (line,),
+                (*self.unpack_saved(saved), *create_graph, line),
                 ", ".join(grads + ["None"] * len(self.params)),
             )
 
@@ -778,12 +780,11 @@ class _Builder:
             ]
             pushed.append(" + ".join(terms))
         jvp = Method(("ctx",) + tangents, (unpack, *zeros, *lines), ", ".join(pushed))
-        gradient_names = tuple(cotangents)
         return SecondDerivative(
             class_name=_derivative_class(self.p.spec.name),
             derivatives=tuple(derivatives),
             forward=self.eager(forward),
-            backward=self.eager(backward, differentiating=True, gradients=gradient_names),
+            backward=self.eager(backward, differentiating=True, gradients=cotangents),
             jvp=self.eager(jvp, differentiating=True),
         )
 
