@@ -514,7 +514,14 @@ class _Builder:
         lines += [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
         values = []
         returned = set()
-        for out, expr in zip(self.outputs[:outputs], reduced):
+        for index, (out, expr) in enumerate(zip(self.outputs[:outputs], reduced)):
+            if not numbers_to_floats(expr).free_symbols:
+                # CSE folded it: (x - 0.5)/(0.5 - x) is -1 once x - 0.5 is one temporary. Printed,
+                # forward returned a number, which mark_non_differentiable refused (a crash,
+                # found by the fuzz campaign); derive refuses the constants it can see.
+                where = f"output {index + 1}" if len(self.d.forward) > 1 else "the expression"
+                shown = f"{float(expr):g}" if expr.is_real and expr.is_finite else expr
+                raise SymgradError(f"{where} is constant ({shown}) wherever it is defined, so it has no gradient")
             text = self.code(expr)
             if out.reduction is None and (expr in returned or expr.is_Symbol and expr in self.inputs):
                 # Never return an input, or one tensor twice (sin(x)*x, sin(x)*x): forward-mode

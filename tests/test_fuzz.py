@@ -443,6 +443,10 @@ def test_grammar_reaches_every_supported_function():
 # (expression, sample seed, outcome): each failed once (crash, wrong value or wrong gradient)
 # and must now pass the same contract, or be refused with a message that says why.
 CAMPAIGN_FINDS = [
+    # Campaign 4106 (pre-existing): CSE folded output 2, x - 1/2 over 1/2 - x, to -0.5, so
+    # forward returned a number and mark_non_differentiable raised (a crash). Refused now.
+    ("x, ((((0.5) / (x)) * ((x) - (0.5))) / (-((x) - (0.5)))) * (x)", 1, "output 2 is constant (-0.5) wherever it is defined"),
+    ("x, ((((0.5) / (x)) * ((x) - (0.5))) / (-((x) - (0.5)))) * (x)", 2, "output 2 is constant (-0.5) wherever it is defined"),
     # Campaign 35. The constant-output check's to_elementary rebuilt a Piecewise whose
     # condition compares a non-real value, and SymPy raised TypeError (a crash) ...
     (
