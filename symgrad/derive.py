@@ -224,12 +224,10 @@ def autograd_loses_second_derivatives(formula: sympy.Expr, raw: sympy.Expr, symb
     and 1/expm1(x), log(1 - exp(-x))'s, has exp(x)/expm1(x)**2, inf/inf = nan at x = 100
     (found by a double-backward survey). Where SymPy cannot write autograd's derivative,
     False: it stays autograd's; and so it does, unchecked, beyond the simplification bounds
-    (over SIMPLIFY_MAX_OPS operations, or a gamma-family function): the probes' mpmath
-    polygamma took 2 minutes over acosh(logaddexp(x, digamma(logaddexp(z, x)))), which
-    generated in 4 s without them (found by the fuzz campaign).
+    (_beyond_second_derivative_bounds) and with three symbols or more.
     """
-    if op_count(raw) > SIMPLIFY_MAX_OPS or raw.has(sympy.gamma, sympy.loggamma, sympy.polygamma):
-        return False
+    if _beyond_second_derivative_bounds(raw) or len(formula.free_symbols | raw.free_symbols) > 2:
+        return False  # (three symbols: finite_where_the_math_is does not probe them)
     for symbol in symbols:
         autograd = _autograd_derivative(formula, symbol)
         if autograd is None:
@@ -245,24 +243,36 @@ def exact_second_derivatives(
     """The derivatives of ``gradient`` (whose unstabilised form is ``raw``) by each of
     ``symbols``, each the cheapest symbolic form that finite_where_the_math_is accepts, for
     double backward to use where autograd's would be wrong (autograd_loses_second_derivatives);
-    None where some derivative has no such form. Adds the identities used to ``identities``.
+    None where some derivative has no such form, or beyond the same bounds. Adds the
+    identities used to ``identities``.
     """
+    if _beyond_second_derivative_bounds(raw):
+        return None
     row, used_by_row = [], set()
     for symbol in symbols:
         exact = _differentiate(raw, symbol)
-        candidates: dict[sympy.Expr, set[str]] = {}
-        for candidate in (cheapest_form(exact), _differentiate(gradient, symbol)):
+        # The derivative of the stable gradient first: symgrad's functions differentiate into
+        # stable forms (sigmoid's into sigmoid(u)*sigmoid(-u)), and it costs no simplify (a
+        # second each for two symbols). Then the simplified exact derivative.
+        for differentiate in (lambda: _differentiate(gradient, symbol), lambda: cheapest_form(exact)):
             used: set[str] = set()
-            (candidate,) = _cheaper_forms((stabilize(candidate),), used, False)
-            if candidate not in candidates and finite_where_the_math_is(candidate, exact):
-                candidates[candidate] = used
-        if not candidates:
+            (candidate,) = _cheaper_forms((stabilize(differentiate()),), used, False)
+            if finite_where_the_math_is(candidate, exact):
+                break
+        else:
             return None
-        chosen = min(candidates, key=lambda c: (op_count(c), sympy.default_sort_key(c)))
-        used_by_row |= candidates[chosen]
-        row.append(chosen)
+        used_by_row |= used
+        row.append(candidate)
     identities |= used_by_row
     return tuple(row)
+
+
+def _beyond_second_derivative_bounds(raw: sympy.Expr) -> bool:
+    """Whether ``raw`` is beyond the simplification bounds, where double backward keeps
+    autograd's derivative unchecked: the probes' mpmath polygamma took 2 minutes over
+    acosh(logaddexp(x, digamma(logaddexp(z, x)))), which generated in 4 s without them
+    (found by the fuzz campaign)."""
+    return op_count(raw) > SIMPLIFY_MAX_OPS or raw.has(sympy.gamma, sympy.loggamma, sympy.polygamma)
 
 
 def _reusing_shared_work(gradients: list[tuple[sympy.Expr, ...]]) -> list[tuple[sympy.Expr, ...]]:

@@ -81,7 +81,9 @@ class SecondDerivative:
     whose autograd derivative is not finite or not accurate."""
 
     class_name: str
-    derivatives: tuple[str, ...]  # forward's outputs, d(result)/d(input) for each input
+    inputs: tuple[str, ...]  # the inputs its derivatives depend on
+    columns: tuple[int, ...]  # the inputs (by index) whose derivatives it returns
+    derivatives: tuple[str, ...]  # forward's outputs, d(result)/d(input) for each of ``columns``
     forward: Method
     backward: Method
     jvp: Method
@@ -121,7 +123,7 @@ class Plan:
     compiled_forward: Method | None = None
     # Double backward's own Function, where autograd's derivative of the create_graph formula
     # would be nan or inaccurate (derive.autograd_loses_second_derivatives).
-    second_derivative: "SecondDerivative | None" = None
+    second_derivative: SecondDerivative | None = None
 
 
 @dataclass(frozen=True)
@@ -702,16 +704,16 @@ class _Builder:
         inaccurate and symbolic second derivatives are not (derive); else None.
 
         One output (elementwise or reduced) and no params: the Function's outputs are then
-        the gradients' derivatives d(result)/d(input), one per input. Not in place, nor with
-        a surrogate (whose derivative is declared, not derived).
+        the gradients' derivatives d(result)/d(input). It leaves out the gradients whose own
+        derivatives are all 0 (a constant, sign(x)): autograd's derivative of those is exact,
+        and a Function output that no input moves would have no tangent of its shape. Not in
+        place, nor with a surrogate (whose derivative is declared, not derived).
         """
         spec = self.p.spec
         if spec.inplace or self.params or len({i for i, _ in entries}) != 1 or any(self.d.surrogate):
             return None
         output = entries[0][0]
         gradients = [self.d.gradients[i][j] for i, j in entries]
-        if any(not numbers_to_floats(g).free_symbols for g in gradients):
-            return None  # a constant derivative: no tensor to return, and nothing to lose
         raws = [self.d.raw_gradients[i][j] for i, j in entries]
         # autograd differentiates the output through this Function's own backward: the gradient.
         restored = {self.names.results[output]: self.d.forward[output]}
@@ -721,30 +723,52 @@ class _Builder:
                 for expr, raw in zip(exprs, raws)
             ):
                 return None
+            varying = [k for k, g in enumerate(gradients) if numbers_to_floats(g).free_symbols]
+            used = set().union(*(gradients[k].free_symbols | raws[k].free_symbols for k in varying))
+            symbols = tuple(s for s in self.inputs if s in used)
+            if not set(symbols) <= set(self.saved()):
+                return None  # backward has not got them (it saved the output instead)
             identities: set[str] = set()
-            hessian = [exact_second_derivatives(raw, g, self.inputs, identities) for raw, g in zip(raws, gradients)]
+            hessian = {k: exact_second_derivatives(raws[k], gradients[k], symbols, identities) for k in varying}
         except SymgradError:
             return None  # SymPy cannot differentiate it again: autograd differentiates the formula
-        if any(row is None for row in hessian):
+        if any(row is None for row in hessian.values()):
             return None
+        covered = [k for k in varying if any(h != 0 for h in hessian[k])]
+        if not covered:
+            return None
+        # The inputs that the derivatives it returns depend on (by the others they are 0).
+        needed = set().union(*(gradients[k].free_symbols | raws[k].free_symbols for k in covered))
+        kept = [n for n, s in enumerate(symbols) if s in needed]
         self.second_identities = identities
-        return self.second_derivative_methods(output, [j for _, j in entries], gradients, hessian)
+        return self.second_derivative_methods(
+            output,
+            tuple(symbols[n] for n in kept),
+            [entries[k][1] for k in covered],
+            [gradients[k] for k in covered],
+            [tuple(hessian[k][n] for n in kept) for k in covered],
+        )
 
-    def second_derivative_methods(self, output: int, columns: list[int], gradients, hessian) -> SecondDerivative:
-        """SecondDerivative's methods: forward returns d(result)/d(input j) for each j in
-        ``columns`` (``gradients``); backward and jvp multiply by ``hessian`` (row k holds the
-        derivatives of ``gradients[k]`` by each input)."""
-        inputs = [self.name(s) for s in self.inputs]
+    def second_derivative_methods(self, output: int, symbols, columns: list[int], gradients, hessian) -> SecondDerivative:
+        """SecondDerivative's methods, with ``symbols`` as its inputs: forward returns
+        d(result)/d(input j) for each j in ``columns`` (``gradients``); backward and jvp
+        multiply by ``hessian`` (row k holds the derivatives of ``gradients[k]`` by each of
+        ``symbols``)."""
+        inputs = [self.name(s) for s in symbols]
         several = len(inputs) > 1
         result = self.name(self.names.results[output])
-        derivatives = [self.names.namer.claim(f"d{result}_d{inputs[j]}") for j in columns]
+        derivatives = [self.names.namer.claim(f"d{result}_d{self.name(self.inputs[j])}") for j in columns]
         cotangents = tuple(self.names.namer.claim(f"grad_{d}") for d in derivatives)
         unpack = f"{_unpack(inputs)} = ctx.saved_tensors"
+        entries = [h for row in hessian for h in row]
 
         def body(exprs: list[sympy.Expr], reference: str) -> tuple[list[str], list[str]]:
-            self.reference = reference
+            self.reference = reference  # (a float tensor in scope, for the printer)
             temps, reduced = self.cse(exprs)
             return [f"{self.name(t)} = {self.code(e)}" for t, e in temps], [self.code(e) for e in reduced]
+
+        def product(factor: str, k: int, j: int) -> str:
+            return factor if _is_one(hessian[k][j]) else f"{factor} * {_factor(values[k * len(inputs) + j])}"
 
         lines, values = body(gradients, inputs[0])
         returned = []
@@ -755,40 +779,41 @@ class _Builder:
             returned.append(value)
         forward = Method(tuple(inputs), tuple(lines), ", ".join(returned))
 
-        lines, values = body([h for row in hessian for h in row], cotangents[0])
+        lines, values = body(entries, cotangents[0])
         grads = []
-        for j, name in enumerate(self.names.grads):
-            terms = []
-            for k, cotangent in enumerate(cotangents):
-                second = hessian[k][j]
-                if second == 0:
-                    continue
-                term = cotangent if _is_one(second) else f"{cotangent} * {_factor(values[k * len(inputs) + j])}"
-                terms.append(f"({term}).sum_to_size({inputs[j]}.shape)" if several else term)
+        for j, symbol in enumerate(symbols):
+            name = self.names.grads[self.inputs.index(symbol)]
+            terms = [product(cotangent, k, j) for k, cotangent in enumerate(cotangents) if hessian[k][j] != 0]
             if not terms:
                 grads.append("None")
-                continue
-            if several:
+            elif several:
+                terms = [f"({term}).sum_to_size({inputs[j]}.shape)" for term in terms]
                 lines += [f"{name} = None", f"if ctx.needs_input_grad[{j}]:", f"{INDENT}{name} = {' + '.join(terms)}"]
                 grads.append(name)
             else:
                 grads.append(" + ".join(terms))
         backward = Method(("ctx",) + cotangents, (unpack, *lines), ", ".join(grads))
 
-        tangents = self.names.tangents[: len(inputs)]
+        tangents = tuple(self.names.tangents[self.inputs.index(s)] for s in symbols)
         zeros = [f"{t} = torch.zeros_like({x}) if {t} is None else {t}" for t, x in zip(tangents, inputs)] if several else []
-        lines, values = body([h for row in hessian for h in row], tangents[0])
+        lines, values = body(entries, tangents[0])
         pushed = []
-        for k in range(len(cotangents)):
-            terms = [
-                tangent if _is_one(hessian[k][j]) else f"{tangent} * {_factor(values[k * len(inputs) + j])}"
-                for j, tangent in enumerate(tangents)
-                if hessian[k][j] != 0
-            ]
-            pushed.append(" + ".join(terms))
+        for k, gradient in enumerate(gradients):
+            moving = [j for j in range(len(symbols)) if hessian[k][j] != 0]
+            tangent = " + ".join(product(tangents[j], k, j) for j in moving)
+            reached = set().union(*({symbols[j]} | hessian[k][j].free_symbols for j in moving))
+            needed = [s for s in symbols if s in gradient.free_symbols]
+            if not set(needed) <= reached:
+                # The derivative also varies piecewise-constantly in another input (sign(y)):
+                # its tangent must still have its shape.
+                shape = ", ".join(f"{self.name(s)}.shape" for s in needed)
+                tangent = f"({tangent}).expand(torch.broadcast_shapes({shape}))"
+            pushed.append(tangent)
         jvp = Method(("ctx",) + tangents, (unpack, *zeros, *lines), ", ".join(pushed))
         return SecondDerivative(
             class_name=_derivative_class(self.p.spec.name),
+            inputs=tuple(inputs),
+            columns=tuple(columns),
             derivatives=tuple(derivatives),
             forward=self.eager(forward),
             backward=self.eager(backward, differentiating=True, gradients=cotangents),
@@ -797,25 +822,26 @@ class _Builder:
 
     def create_graph_branch(self, entries: list[tuple[int, int]], exprs: list[sympy.Expr]) -> list[str]:
         """Backward's lines for create_graph=True where double backward needs SecondDerivative
-        (else none): they return, and the first-order code after them runs otherwise."""
+        (else none): they return, and the first-order code after them runs otherwise. A
+        gradient the Function leaves out is its formula, ``exprs``' entry."""
         second = self.second_derivative(entries, exprs)
         if second is None:
             return []
         self.second = second
         output = entries[0][0]
-        columns = [j for _, j in entries]
-        inputs = ", ".join(self.name(s) for s in self.inputs)
-        symbols = [sympy.Dummy(name) for name in second.derivatives]
-        self.names.symbols.update({symbol: name for symbol, name in zip(symbols, second.derivatives)})
+        symbols = {j: sympy.Dummy(name) for j, name in zip(second.columns, second.derivatives)}
+        self.names.symbols.update({symbols[j]: name for j, name in zip(second.columns, second.derivatives)})
         lines = ["if torch.is_grad_enabled():", *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT)]
         targets = _unpack(second.derivatives) if len(symbols) > 1 else second.derivatives[0]
-        lines.append(f"{INDENT}{targets} = {second.class_name}.apply({inputs})")
+        lines.append(f"{INDENT}{targets} = {second.class_name}.apply({', '.join(second.inputs)})")
+        self.reference = self.names.grad_outputs[output]
+        formulas = {j: expr for (_, j), expr in zip(entries, exprs)}
         for j, symbol in enumerate(self.inputs):
             grad = self.names.grads[j]
             lines.append(f"{INDENT}{grad} = None")
-            if j not in columns:
+            if j not in formulas:
                 continue
-            term = self.backward_term(output, symbols[columns.index(j)])
+            term = self.backward_term(output, symbols.get(j, formulas[j]))
             if self.broadcasts:
                 term = f"({term}).sum_to_size({self.ctx_ref(self.name(symbol) + '_shape')})"
             lines += [f"{INDENT}if ctx.needs_input_grad[{j}]:", f"{INDENT * 2}{grad} = {term}"]
