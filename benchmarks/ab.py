@@ -6,8 +6,9 @@ Each module present in both folders (same file name) is timed for one forward pl
 backward, the two versions alternating in the same process, each round in the other
 order; the median ratio new/old is printed. A module whose code is the same in both
 folders is a noise control. ``--double`` times double backward instead: forward, backward
-with create_graph=True, and the backward of that gradient. At small N, where one call takes microseconds, ``--calls``
-times that many calls per round (``--n 8 --calls 1000`` measures the per-call cost).
+with create_graph=True, and the backward of that gradient. At small N, where one call
+takes microseconds, ``--calls`` times that many calls per round (``--n 8 --calls 1000``
+measures the per-call cost).
 Like bench.py, it runs on one thread and, unless ``--system-malloc`` is given, with glibc
 told to keep freed buffers (see bench.py).
 """

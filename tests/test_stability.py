@@ -1281,8 +1281,8 @@ def test_sech_squared_gradient_is_finite_where_cosh_overflows(gen_dir, device):
         assert all(rel_error(got, w, dtype) <= RTOL[dtype] for got, w in zip(g.tolist(), want)), (dtype, g)
 
 
-
 def _points_in_domain(case) -> list[float]:
+    """The SECOND_DERIVATIVE_POINTS where the case is finite (log1mexp: x > 0)."""
     return [p for p in SECOND_DERIVATIVE_POINTS if case.where(mpmath.mpf(p))]
 
 
@@ -1313,6 +1313,8 @@ def test_second_derivatives_match_exact_math_everywhere(name, save, fuse, dtype,
     """
     case = next(c for c in CASES if c.name == name)
     module = load(case, gen_dir, save=save, fuse=fuse)
+    if fuse and save == "memory":
+        assert "Derivative.apply(x)" in Path(module.__file__).read_text()
     points = _points_in_domain(case)
     x = torch.tensor(points, dtype=dtype, device=device, requires_grad=True)
     (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
