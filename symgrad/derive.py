@@ -18,7 +18,7 @@ from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .stable import stabilize
-from .stable_functions import ExpandedFunction, TaylorPolynomial, sigmoid, softplus, to_elementary
+from .stable_functions import TaylorPolynomial, expand_functions, sigmoid, softplus, to_elementary
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
 # ones it can run for minutes (facts.md), and it rarely pays anyway.
@@ -208,9 +208,7 @@ def _autograd_derivative(formula: sympy.Expr, symbol: sympy.Symbol) -> sympy.Exp
 def _as_printed(expr: sympy.Expr) -> sympy.Expr:
     """``expr`` with each ExpandedFunction as the Piecewise the code computes, and each
     Taylor series as its polynomial."""
-    return expr.replace(
-        lambda node: isinstance(node, ExpandedFunction), lambda node: type(node).expanded(node.args[0])
-    ).replace(lambda node: isinstance(node, TaylorPolynomial), lambda node: node.elementary())
+    return expand_functions(expr).replace(lambda node: isinstance(node, TaylorPolynomial), lambda node: node.elementary())
 
 
 def autograd_loses_second_derivatives(formula: sympy.Expr, raw: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> bool:

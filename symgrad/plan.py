@@ -28,7 +28,7 @@ from .inplace import FUSED_TERM, IN_PLACE_CALL, reuse_buffers
 from .kernels import whole_gradient_kernel
 from .naming import RESERVED, Namer, check_class_name
 from .printer import COMPILED_HELPERS, numbers_to_floats, print_torch
-from .stable_functions import ExpandedFunction, TaylorPolynomial
+from .stable_functions import TaylorPolynomial, expand_functions
 
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is
@@ -312,7 +312,7 @@ class _Builder:
         return print_torch(expr, self.names.symbols, self.reference, compiled=self.p.spec.fuse)
 
     def cse(self, exprs: list[sympy.Expr]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], list[sympy.Expr]]:
-        exprs = [numbers_to_floats(_expand_functions(e)) for e in exprs]
+        exprs = [numbers_to_floats(expand_functions(e)) for e in exprs]
         stream = _SymbolStream(self.names)
         temps, reduced = sympy.cse(exprs, symbols=stream, order="canonical")
         return _name_series_arguments(temps, reduced, stream)
@@ -1322,13 +1322,6 @@ _SECOND_DERIVATIVE_COMMENT = (
     "# somewhere the math is finite, so the derivative comes from a Function whose",
     "# backward is the exact second derivative.",
 )
-
-
-def _expand_functions(expr: sympy.Expr) -> sympy.Expr:
-    """Each ExpandedFunction (a Removable, log1mexp) as its Piecewise, so that CSE shares the
-    mask and the guarded arguments (printed on its own, a Removable repeats them in every
-    term)."""
-    return expr.replace(lambda node: isinstance(node, ExpandedFunction), lambda node: type(node).expanded(node.args[0]))
 
 
 def _name_series_arguments(temps, reduced, stream: _SymbolStream):

@@ -216,7 +216,7 @@ class ExpandedFunction(StableFunction):
     """Base of the one-argument functions printed as an expression of SymPy functions
     (:meth:`expanded`, a Piecewise of forms each accurate where it is taken).
 
-    The plan expands them before CSE (plan._expand_functions), so that their argument and
+    The plan expands them before CSE (expand_functions), so that their argument and
     conditions are computed once; printed on their own they repeat the argument.
     """
 
@@ -235,6 +235,14 @@ class ExpandedFunction(StableFunction):
         placeholder = sympy.Dummy("argument", real=True)
         bound = printer.__class__({**printer._names, placeholder: x}, printer._reference)
         return bound.doprint(numbers_to_floats(cls.expanded(placeholder)))
+
+
+def expand_functions(expr: sympy.Expr) -> sympy.Expr:
+    """Each ExpandedFunction (a Removable, log1mexp) in ``expr`` as its Piecewise: what the
+    code computes. The plan expands them before CSE, so that CSE shares the mask and the
+    guarded arguments (printed on its own, a Removable repeats them in every term); the
+    probes, so that they see the float arithmetic of each branch."""
+    return expr.replace(lambda node: isinstance(node, ExpandedFunction), lambda node: type(node).expanded(node.args[0]))
 
 
 class log1mexp(ExpandedFunction):  # noqa: N801

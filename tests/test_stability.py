@@ -1163,18 +1163,18 @@ SECOND_DERIVATIVE_POINTS = [-1e4, -300.0, -100.0, -20.0, -5.0, -0.3, 0.3, 5.0, 2
 SECOND_DERIVATIVE_RTOL = {torch.float32: 1e-4, torch.float64: 1e-9}
 
 
-def _second_derivative(module, dtype, device):
-    x = torch.tensor(SECOND_DERIVATIVE_POINTS, dtype=dtype, device=device, requires_grad=True)
+def _second_derivative(module, dtype, device, points: list[float]):
+    x = torch.tensor(points, dtype=dtype, device=device, requires_grad=True)
     (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
     (gg,) = torch.autograd.grad(g.sum(), x)
     return gg.tolist()
 
 
-def _second_derivative_errors(case, module, dtype, device, exact_beyond: float) -> list:
+def _second_derivative_errors(case, module, dtype, device, exact_beyond: float, points: list[float] = SECOND_DERIVATIVE_POINTS) -> list:
     """(point, got, truth) where double backward is nan or inf although the truth is finite,
     or, up to |x| = ``exact_beyond``, off by more than SECOND_DERIVATIVE_RTOL."""
     bad = []
-    for point, value in zip(SECOND_DERIVATIVE_POINTS, _second_derivative(module, dtype, device)):
+    for point, value in zip(points, _second_derivative(module, dtype, device, points)):
         with mpmath.workdps(400):
             want = mpmath.diff(case.exact, mpmath.mpf(point), 2)
         if not abs(want) <= torch.finfo(dtype).max:
@@ -1315,18 +1315,7 @@ def test_second_derivatives_match_exact_math_everywhere(name, save, fuse, dtype,
     module = load(case, gen_dir, save=save, fuse=fuse)
     if fuse and save == "memory":
         assert "Derivative.apply(x)" in Path(module.__file__).read_text()
-    points = _points_in_domain(case)
-    x = torch.tensor(points, dtype=dtype, device=device, requires_grad=True)
-    (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
-    (gg,) = torch.autograd.grad(g.sum(), x)
-    bad = []
-    for point, value in zip(points, gg.tolist()):
-        with mpmath.workdps(400):
-            want = mpmath.diff(case.exact, mpmath.mpf(point), 2)
-        if not abs(want) <= torch.finfo(dtype).max:
-            continue
-        if rel_error(value, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
-            bad.append((point, value, float(want)))
+    bad = _second_derivative_errors(case, module, dtype, device, exact_beyond=math.inf, points=_points_in_domain(case))
     assert not bad, f"{name} ({save}, {dtype}): second derivative off at {bad}"
 
 
