@@ -82,9 +82,11 @@ class SecondDerivative:
 
     class_name: str
     inputs: tuple[str, ...]  # the inputs its derivatives depend on
-    columns: tuple[int, ...]  # the inputs (by index) whose derivatives it returns
-    derivatives: tuple[str, ...]  # forward's outputs, d(result)/d(input) for each of ``columns``
+    params: tuple[str, ...]  # the params they depend on, passed after the inputs
+    entries: tuple[tuple[int, int], ...]  # the (output, input) pairs whose derivatives it returns
+    derivatives: tuple[str, ...]  # forward's outputs, d(result)/d(input) for each of ``entries``
     forward: Method
+    setup_context: Method
     backward: Method
     jvp: Method
 
@@ -703,32 +705,31 @@ class _Builder:
         some create_graph formula ``exprs[k]`` (of gradient ``entries[k]``) is nan or
         inaccurate and symbolic second derivatives are not (derive); else None.
 
-        One output (elementwise or reduced) and no params: the Function's outputs are then
-        the gradients' derivatives d(result)/d(input). It leaves out the gradients whose own
-        derivatives are all 0 (a constant, sign(x)): autograd's derivative of those is exact,
-        and a Function output that no input moves would have no tangent of its shape. Not in
-        place, nor with a surrogate (whose derivative is declared, not derived).
+        Its outputs are the gradients' derivatives d(result)/d(input), one per (output,
+        input) pair, and params pass through it undifferentiated. It leaves out the gradients
+        whose own derivatives are all 0 (a constant, sign(x)): autograd's derivative of those
+        is exact, and a Function output that no input moves would have no tangent of its
+        shape. Not in place, nor with a surrogate (whose derivative is declared, not derived).
         """
-        spec = self.p.spec
-        if spec.inplace or self.params or len({i for i, _ in entries}) != 1 or any(self.d.surrogate):
+        if self.p.spec.inplace or any(self.d.surrogate):
             return None
-        output = entries[0][0]
         gradients = [self.d.gradients[i][j] for i, j in entries]
         raws = [self.d.raw_gradients[i][j] for i, j in entries]
-        # autograd differentiates the output through this Function's own backward: the gradient.
-        restored = {self.names.results[output]: self.d.forward[output]}
+        # autograd differentiates the outputs through this Function's own backward: the gradients.
+        restored = dict(zip(self.names.results, self.d.forward))
         try:
             if not any(
                 autograd_loses_second_derivatives(expr.xreplace(restored), raw, self.inputs)
                 for expr, raw in zip(exprs, raws)
             ):
                 return None
-            varying = [k for k, g in enumerate(gradients) if numbers_to_floats(g).free_symbols]
+            varying = [k for k, g in enumerate(gradients) if numbers_to_floats(g).free_symbols & set(self.inputs)]
             used = set().union(*(gradients[k].free_symbols | raws[k].free_symbols for k in varying))
             symbols = tuple(s for s in self.inputs if s in used)
-            if not set(symbols) <= set(self.saved()):
+            if not set(symbols) <= set(self.saved()) or not used & set(self.params) <= set(self.saved_params()):
                 return None  # backward has not got them (it saved the output instead)
             identities: set[str] = set()
+            # (Params are probed as the inputs are, but not differentiated by.)
             hessian = {k: exact_second_derivatives(raws[k], gradients[k], symbols, identities) for k in varying}
         except SymgradError:
             return None  # SymPy cannot differentiate it again: autograd differentiates the formula
@@ -737,35 +738,42 @@ class _Builder:
         covered = [k for k in varying if any(h != 0 for h in hessian[k])]
         if not covered:
             return None
-        # The inputs that the derivatives it returns depend on (by the others they are 0).
+        # The inputs and params that the derivatives it returns depend on.
         needed = set().union(*(gradients[k].free_symbols | raws[k].free_symbols for k in covered))
         kept = [n for n, s in enumerate(symbols) if s in needed]
         self.second_identities = identities
         return self.second_derivative_methods(
-            output,
+            [entries[k] for k in covered],
             tuple(symbols[n] for n in kept),
-            [entries[k][1] for k in covered],
+            tuple(p for p in self.params if p in needed),
             [gradients[k] for k in covered],
             [tuple(hessian[k][n] for n in kept) for k in covered],
         )
 
-    def second_derivative_methods(self, output: int, symbols, columns: list[int], gradients, hessian) -> SecondDerivative:
-        """SecondDerivative's methods, with ``symbols`` as its inputs: forward returns
-        d(result)/d(input j) for each j in ``columns`` (``gradients``); backward and jvp
-        multiply by ``hessian`` (row k holds the derivatives of ``gradients[k]`` by each of
-        ``symbols``)."""
+    def second_derivative_methods(self, entries, symbols, params, gradients, hessian) -> SecondDerivative:
+        """SecondDerivative's methods, with ``symbols`` as its inputs and ``params`` after
+        them: forward returns d(result i)/d(input j) for each (i, j) in ``entries``
+        (``gradients``); backward and jvp multiply by ``hessian`` (row k holds the derivatives
+        of ``gradients[k]`` by each of ``symbols``)."""
         inputs = [self.name(s) for s in symbols]
-        several = len(inputs) > 1
-        result = self.name(self.names.results[output])
-        derivatives = [self.names.namer.claim(f"d{result}_d{self.name(self.inputs[j])}") for j in columns]
+        param_names = [self.name(p) for p in params]
+        # Several tensors broadcast: each gradient is reduced to its input's shape, and a
+        # tangent may be None.
+        several = len(inputs) + len(param_names) > 1
+        derivatives = [
+            self.names.namer.claim(f"d{self.name(self.names.results[i])}_d{self.name(self.inputs[j])}") for i, j in entries
+        ]
         cotangents = tuple(self.names.namer.claim(f"grad_{d}") for d in derivatives)
-        unpack = f"{_unpack(inputs)} = ctx.saved_tensors"
-        entries = [h for row in hessian for h in row]
+        unpack = [f"{_unpack(inputs + param_names)} = ctx.saved_tensors"]
+        for name in param_names:
+            unpack += [f"if {name} is None:", f"{INDENT}{name} = ctx.{name}_number"]
+        hessian_entries = [h for row in hessian for h in row]
 
         def body(exprs: list[sympy.Expr], reference: str) -> tuple[list[str], list[str]]:
             self.reference = reference  # (a float tensor in scope, for the printer)
             temps, reduced = self.cse(exprs)
-            return [f"{self.name(t)} = {self.code(e)}" for t, e in temps], [self.code(e) for e in reduced]
+            lines = self.tensorize(exprs, reference) + [f"{self.name(t)} = {self.code(e)}" for t, e in temps]
+            return lines, [self.code(e) for e in reduced]
 
         def product(factor: str, k: int, j: int) -> str:
             return factor if _is_one(hessian[k][j]) else f"{factor} * {_factor(values[k * len(inputs) + j])}"
@@ -777,9 +785,19 @@ class _Builder:
             if gradient.is_Symbol or value in values[:k]:
                 value = f"{value}.clone()"
             returned.append(value)
-        forward = Method(tuple(inputs), tuple(lines), ", ".join(returned))
+        forward = Method(tuple(inputs + param_names), tuple(lines), ", ".join(returned))
 
-        lines, values = body(entries, cotangents[0])
+        if param_names:
+            # A number param is kept on ctx; save_for_backward takes tensors only.
+            saved = ", ".join(inputs + [f"{p} if ctx.{p}_number is None else None" for p in param_names])
+            setup = [f"{_unpack(inputs + param_names)} = inputs"]
+            setup += [f"ctx.{p}_number = None if isinstance({p}, torch.Tensor) else {p}" for p in param_names]
+            setup += [f"ctx.save_for_backward({saved})", f"ctx.save_for_forward({saved})"]
+        else:
+            setup = ["ctx.save_for_backward(*inputs)", "ctx.save_for_forward(*inputs)"]
+        setup_context = Method(("ctx", "inputs", "output"), tuple(setup), "")
+
+        lines, values = body(hessian_entries, cotangents[0])
         grads = []
         for j, symbol in enumerate(symbols):
             name = self.names.grads[self.inputs.index(symbol)]
@@ -792,30 +810,36 @@ class _Builder:
                 grads.append(name)
             else:
                 grads.append(" + ".join(terms))
-        backward = Method(("ctx",) + cotangents, (unpack, *lines), ", ".join(grads))
+        grads += ["None"] * len(param_names)
+        backward = Method(("ctx",) + cotangents, (*unpack, *lines), ", ".join(grads))
 
-        tangents = tuple(self.names.tangents[self.inputs.index(s)] for s in symbols)
+        everything = self.inputs + self.params
+        tangents = tuple(self.names.tangents[everything.index(s)] for s in symbols + params)
         zeros = [f"{t} = torch.zeros_like({x}) if {t} is None else {t}" for t, x in zip(tangents, inputs)] if several else []
-        lines, values = body(entries, tangents[0])
+        lines, values = body(hessian_entries, tangents[0])
         pushed = []
         for k, gradient in enumerate(gradients):
             moving = [j for j in range(len(symbols)) if hessian[k][j] != 0]
             tangent = " + ".join(product(tangents[j], k, j) for j in moving)
             reached = set().union(*({symbols[j]} | hessian[k][j].free_symbols for j in moving))
-            needed = [s for s in symbols if s in gradient.free_symbols]
+            needed = [s for s in symbols + params if s in gradient.free_symbols]
             if not set(needed) <= reached:
-                # The derivative also varies piecewise-constantly in another input (sign(y)):
-                # its tangent must still have its shape.
-                shape = ", ".join(f"{self.name(s)}.shape" for s in needed)
+                # The derivative also varies piecewise-constantly in another input (sign(y)),
+                # or with a param alone: its tangent must still have its shape.
+                shape = ", ".join(
+                    f"{self.name(s)}.shape" if s in symbols else f"getattr({self.name(s)}, 'shape', ())" for s in needed
+                )
                 tangent = f"({tangent}).expand(torch.broadcast_shapes({shape}))"
             pushed.append(tangent)
-        jvp = Method(("ctx",) + tangents, (unpack, *zeros, *lines), ", ".join(pushed))
+        jvp = Method(("ctx",) + tangents, (*unpack, *zeros, *lines), ", ".join(pushed))
         return SecondDerivative(
             class_name=_derivative_class(self.p.spec.name),
             inputs=tuple(inputs),
-            columns=tuple(columns),
+            params=tuple(param_names),
+            entries=tuple(entries),
             derivatives=tuple(derivatives),
             forward=self.eager(forward),
+            setup_context=setup_context,
             backward=self.eager(backward, differentiating=True, gradients=cotangents),
             jvp=self.eager(jvp, differentiating=True),
         )
@@ -828,24 +852,28 @@ class _Builder:
         if second is None:
             return []
         self.second = second
-        output = entries[0][0]
-        symbols = {j: sympy.Dummy(name) for j, name in zip(second.columns, second.derivatives)}
-        self.names.symbols.update({symbols[j]: name for j, name in zip(second.columns, second.derivatives)})
+        symbols = {entry: sympy.Dummy(name) for entry, name in zip(second.entries, second.derivatives)}
+        self.names.symbols.update({symbols[entry]: name for entry, name in zip(second.entries, second.derivatives)})
         lines = ["if torch.is_grad_enabled():", *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT)]
         targets = _unpack(second.derivatives) if len(symbols) > 1 else second.derivatives[0]
-        lines.append(f"{INDENT}{targets} = {second.class_name}.apply({', '.join(second.inputs)})")
-        self.reference = self.names.grad_outputs[output]
-        formulas = {j: expr for (_, j), expr in zip(entries, exprs)}
+        lines.append(f"{INDENT}{targets} = {second.class_name}.apply({', '.join(second.inputs + second.params)})")
+        self.reference = self.names.grad_outputs[entries[0][0]]
+        # A formula the Function leaves out is printed as it stands; a torch function may need
+        # a number param as a tensor there.
+        left_out = [expr for entry, expr in zip(entries, exprs) if entry not in symbols]
+        lines += [INDENT + line for line in self.tensorize(left_out, self.reference)]
         for j, symbol in enumerate(self.inputs):
             grad = self.names.grads[j]
             lines.append(f"{INDENT}{grad} = None")
-            if j not in formulas:
+            terms = [self.backward_term(i, symbols.get((i, jj), expr)) for (i, jj), expr in zip(entries, exprs) if jj == j]
+            if not terms:
                 continue
-            term = self.backward_term(output, symbols.get(j, formulas[j]))
             if self.broadcasts:
-                term = f"({term}).sum_to_size({self.ctx_ref(self.name(symbol) + '_shape')})"
-            lines += [f"{INDENT}if ctx.needs_input_grad[{j}]:", f"{INDENT * 2}{grad} = {term}"]
-        lines.append(f"{INDENT}return {', '.join(self.names.grads)}")
+                # Each term on its own: the outputs can differ in shape.
+                shape = self.ctx_ref(self.name(symbol) + "_shape")
+                terms = [f"({term}).sum_to_size({shape})" for term in terms]
+            lines += [f"{INDENT}if ctx.needs_input_grad[{j}]:", f"{INDENT * 2}{grad} = {' + '.join(terms)}"]
+        lines.append(f"{INDENT}return {', '.join(self.names.grads + ('None',) * len(self.params))}")
         return lines
 
     def first_order_kernel(self, j: int) -> str | None:
