@@ -7,6 +7,7 @@ import itertools
 import math
 import struct
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mpmath
@@ -211,10 +212,13 @@ def _as_printed(expr: sympy.Expr) -> sympy.Expr:
     return expand_functions(expr).replace(lambda node: isinstance(node, TaylorPolynomial), lambda node: node.elementary())
 
 
-def autograd_loses_second_derivatives(formula: sympy.Expr, raw: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> bool:
+def autograd_loses_second_derivatives(
+    formula: sympy.Expr, raw: sympy.Expr, symbols: tuple[sympy.Symbol, ...], fixed: Mapping[sympy.Symbol, sympy.Expr] | None = None
+) -> bool:
     """Whether autograd's derivative of ``formula`` (a create_graph formula of a gradient,
     whose unstabilised form is ``raw``) by some of ``symbols`` is nan or inaccurate where
-    the mathematics is finite (finite_where_the_math_is).
+    the mathematics is finite (finite_where_the_math_is), with the symbols in ``fixed``
+    (params) probed at their values there only.
 
     autograd differentiates what backward computed, and that can lose what the first
     derivative kept: softplus's formula sigmoid(x) has autograd's derivative y*(1 - y), 0 at
@@ -224,26 +228,33 @@ def autograd_loses_second_derivatives(formula: sympy.Expr, raw: sympy.Expr, symb
     False: it stays autograd's; and so it does, unchecked, beyond the simplification bounds
     (_beyond_second_derivative_bounds) and with three symbols or more.
     """
-    if _beyond_second_derivative_bounds(raw) or len(formula.free_symbols | raw.free_symbols) > 2:
+    fixed = fixed or {}
+    if _beyond_second_derivative_bounds(raw) or len((formula.free_symbols | raw.free_symbols) - set(fixed)) > 2:
         return False  # (three symbols: finite_where_the_math_is does not probe them)
     for symbol in symbols:
         autograd = _autograd_derivative(formula, symbol)
         if autograd is None:
             return False
-        if not finite_where_the_math_is(autograd, _differentiate(raw, symbol)):
+        if not finite_where_the_math_is(autograd.xreplace(fixed), _differentiate(raw, symbol).xreplace(fixed)):
             return True
     return False
 
 
 def exact_second_derivatives(
-    raw: sympy.Expr, gradient: sympy.Expr, symbols: tuple[sympy.Symbol, ...], identities: set[str]
+    raw: sympy.Expr,
+    gradient: sympy.Expr,
+    symbols: tuple[sympy.Symbol, ...],
+    identities: set[str],
+    fixed: Mapping[sympy.Symbol, sympy.Expr] | None = None,
 ) -> tuple[sympy.Expr, ...] | None:
     """The derivatives of ``gradient`` (whose unstabilised form is ``raw``) by each of
-    ``symbols``, each the cheapest symbolic form that finite_where_the_math_is accepts, for
-    double backward to use where autograd's would be wrong (autograd_loses_second_derivatives);
-    None where some derivative has no such form, or beyond the same bounds. Adds the
-    identities used to ``identities``.
+    ``symbols``, each the cheapest symbolic form that finite_where_the_math_is accepts (with
+    the symbols in ``fixed`` at their values there), for double backward to use where
+    autograd's would be wrong (autograd_loses_second_derivatives); None where some
+    derivative has no such form, or beyond the same bounds. Adds the identities used to
+    ``identities``.
     """
+    fixed = fixed or {}
     if _beyond_second_derivative_bounds(raw):
         return None
     row, used_by_row = [], set()
@@ -255,7 +266,7 @@ def exact_second_derivatives(
         for differentiate in (lambda: _differentiate(gradient, symbol), lambda: cheapest_form(exact)):
             used: set[str] = set()
             (candidate,) = _cheaper_forms((stabilize(differentiate()),), used, False)
-            if finite_where_the_math_is(candidate, exact):
+            if finite_where_the_math_is(candidate.xreplace(fixed), exact.xreplace(fixed)):
                 break
         else:
             return None

@@ -717,9 +717,16 @@ class _Builder:
         raws = [self.d.raw_gradients[i][j] for i, j in entries]
         # autograd differentiates the outputs through this Function's own backward: the gradients.
         restored = dict(zip(self.names.results, self.d.forward))
+        # The probe covers two symbols at most. Params beyond that are probed at their sample
+        # values (log(1+exp(a*x+b)): at a = b = 0.708), not left unprobed.
+        symbols_used = set().union(*(raw.free_symbols for raw in raws)) & set(self.inputs + self.params)
+        fixed = {}
+        if len(symbols_used) > 2:
+            # (Rational: exp(0.708) as a 15-digit Float would spoil the exact reference.)
+            fixed = {p: sympy.Rational(str(v)) for p, v in self.param_samples().items() if p in symbols_used}
         try:
             if not any(
-                autograd_loses_second_derivatives(expr.xreplace(restored), raw, self.inputs)
+                autograd_loses_second_derivatives(expr.xreplace(restored), raw, self.inputs, fixed)
                 for expr, raw in zip(exprs, raws)
             ):
                 return None
@@ -730,7 +737,7 @@ class _Builder:
                 return None  # backward has not got them (it saved the output instead)
             identities: set[str] = set()
             # (Params are probed as the inputs are, but not differentiated by.)
-            hessian = {k: exact_second_derivatives(raws[k], gradients[k], symbols, identities) for k in varying}
+            hessian = {k: exact_second_derivatives(raws[k], gradients[k], symbols, identities, fixed) for k in varying}
         except SymgradError:
             return None  # SymPy cannot differentiate it again: autograd differentiates the formula
         if any(row is None for row in hessian.values()):
@@ -1137,9 +1144,15 @@ class _Builder:
             text += " No forward intermediate is saved, so double backward stays exact."
         return tuple(textwrap.wrap(text, width=86))
 
+    def param_samples(self) -> dict[sympy.Symbol, float]:
+        """Each param's sample value: the tests' (in the metadata), and where the
+        second-derivative probe fixes params (second_derivative)."""
+        domain = {s: (lo, hi) for s, lo, hi in self.d.domain}
+        return {p: round(domain[p][0] + 0.618 * (domain[p][1] - domain[p][0]), 3) for p in self.params}
+
     def metadata(self) -> str:
         domain = {s.name: (lo, hi) for s, lo, hi in self.d.domain}
-        params = {p.name: round(domain[p.name][0] + 0.618 * (domain[p.name][1] - domain[p.name][0]), 3) for p in self.params}
+        params = {p.name: value for p, value in self.param_samples().items()}
         data = {
             "expr": self.p.spec.expr,
             "function": self.p.spec.name,

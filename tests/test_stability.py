@@ -1375,6 +1375,13 @@ _PARAM_AND_OUTPUT_CASES = {
         lambda x: _mp_softplus(x / 2) * 2 + _mp_softplus(3 * x) / 3,
         "Derivative.apply(x, beta)",
     ),
+    # Three symbols: the probe fixes the params at their sample values (0.708); these differ.
+    "softplus_affine": (
+        "log(1+exp(a*x+b))", ["a", "b"],
+        lambda f, x: f(x, 2.0, -3.0).sum(),
+        lambda x: _mp_softplus(2 * x - 3),
+        "Derivative.apply(x, a, b)",
+    ),
     "two_outputs": (
         "log(1+exp(x)), x*tanh(log(1+exp(x)))", [],
         lambda f, x: (lambda a, b: a.sum() + 0.5 * b.sum())(*f(x)),
