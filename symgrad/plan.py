@@ -794,6 +794,11 @@ class _Builder:
             returned.append(value)
         forward = Method(tuple(inputs + param_names), tuple(lines), ", ".join(returned))
 
+        # With several derivatives a cotangent may be None (a Hessian row of its own, or
+        # torch.func.jacrev of one gradient), and with several inputs a tangent may be: their
+        # terms are skipped, not multiplied as zeros, which would make 0*inf = nan where a
+        # second derivative overflows.
+        optional_cotangents = len(derivatives) > 1
         if param_names:
             # A number param is kept on ctx; save_for_backward takes tensors only.
             saved = ", ".join(inputs + [f"{p} if ctx.{p}_number is None else None" for p in param_names])
@@ -802,43 +807,66 @@ class _Builder:
             setup += [f"ctx.save_for_backward({saved})", f"ctx.save_for_forward({saved})"]
         else:
             setup = ["ctx.save_for_backward(*inputs)", "ctx.save_for_forward(*inputs)"]
+        if several:
+            # (For jvp: the zero tangent of a derivative that no given tangent reaches.)
+            setup.append("ctx.dtypes = " + ("tuple(d.dtype for d in output)" if optional_cotangents else "(output.dtype,)"))
+        if optional_cotangents:
+            setup.append("ctx.set_materialize_grads(False)")
         setup_context = Method(("ctx", "inputs", "output"), tuple(setup), "")
+        term = self.names.namer.claim("term") if several or optional_cotangents else None
 
-        lines, values = body(hessian_entries, cotangents[0])
+        lines, values = body(hessian_entries, inputs[0])
         grads = []
         for j, symbol in enumerate(symbols):
             name = self.names.grads[self.inputs.index(symbol)]
-            terms = [product(cotangent, k, j) for k, cotangent in enumerate(cotangents) if hessian[k][j] != 0]
-            if not terms:
+            reaching = [k for k in range(len(cotangents)) if hessian[k][j] != 0]
+            if not reaching:
                 grads.append("None")
-            elif several:
-                terms = [f"({term}).sum_to_size({inputs[j]}.shape)" for term in terms]
-                lines += [f"{name} = None", f"if ctx.needs_input_grad[{j}]:", f"{INDENT}{name} = {' + '.join(terms)}"]
-                grads.append(name)
-            else:
-                grads.append(" + ".join(terms))
+                continue
+            if not (several or optional_cotangents):
+                grads.append(product(cotangents[reaching[0]], reaching[0], j))
+                continue
+            lines += [f"{name} = None", f"if ctx.needs_input_grad[{j}]:"]
+            for n, k in enumerate(reaching):
+                added = product(cotangents[k], k, j)
+                if several:
+                    added = f"({added}).sum_to_size({inputs[j]}.shape)"
+                accumulated = _accumulate(name, added, n == 0, term)
+                if optional_cotangents:
+                    lines += [f"{INDENT}if {cotangents[k]} is not None:", *(INDENT * 2 + line for line in accumulated)]
+                else:
+                    lines += [INDENT + line for line in accumulated]
+            grads.append(name)
         grads += ["None"] * len(param_names)
         backward = Method(("ctx",) + cotangents, (*unpack, *lines), ", ".join(grads))
 
         everything = self.inputs + self.params
         tangents = tuple(self.names.tangents[everything.index(s)] for s in symbols + params)
-        zeros = [f"{t} = torch.zeros_like({x}) if {t} is None else {t}" for t, x in zip(tangents, inputs)] if several else []
-        lines, values = body(hessian_entries, tangents[0])
+        lines, values = body(hessian_entries, inputs[0])
         pushed = []
         for k, gradient in enumerate(gradients):
             moving = [j for j in range(len(symbols)) if hessian[k][j] != 0]
-            tangent = " + ".join(product(tangents[j], k, j) for j in moving)
-            reached = set().union(*({symbols[j]} | hessian[k][j].free_symbols for j in moving))
             needed = [s for s in symbols + params if s in gradient.free_symbols]
-            if not set(needed) <= reached:
-                # The derivative also varies piecewise-constantly in another input (sign(y)),
-                # or with a param alone: its tangent must still have its shape.
-                shape = ", ".join(
-                    f"{self.name(s)}.shape" if s in symbols else f"getattr({self.name(s)}, 'shape', ())" for s in needed
-                )
-                tangent = f"({tangent}).expand(torch.broadcast_shapes({shape}))"
-            pushed.append(tangent)
-        jvp = Method(("ctx",) + tangents, (*unpack, *zeros, *lines), ", ".join(pushed))
+            shape = ", ".join(
+                f"{self.name(s)}.shape" if s in symbols else f"getattr({self.name(s)}, 'shape', ())" for s in needed
+            )
+            if not several:
+                pushed.append(product(tangents[0], k, 0))
+                continue
+            name = self.names.namer.claim(f"{derivatives[k]}_tangent")
+            for n, j in enumerate(moving):
+                accumulated = _accumulate(name, product(tangents[j], k, j), n == 0, term)
+                lines += [f"{name} = None"] * (n == 0)
+                lines += [f"if {tangents[j]} is not None:", *(INDENT + line for line in accumulated)]
+            lines += [
+                f"if {name} is None:",
+                f"{INDENT}{name} = torch.zeros((), dtype=ctx.dtypes[{k}], device={inputs[0]}.device)",
+                # A term may not have the derivative's shape: it varies with another input
+                # piecewise-constantly (sign(y)), or that input's tangent was None.
+                f"{name} = {name}.expand(torch.broadcast_shapes({shape}))",
+            ]
+            pushed.append(name)
+        jvp = Method(("ctx",) + tangents, (*unpack, *lines), ", ".join(pushed))
         return SecondDerivative(
             class_name=_derivative_class(self.p.spec.name),
             inputs=tuple(inputs),

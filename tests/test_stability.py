@@ -1452,11 +1452,37 @@ def test_second_derivative_function_with_params_and_several_outputs_in_torch_fun
 
 def test_second_derivative_function_of_two_inputs():
     """One derivative per input, returned together; backward reduces each input's gradient
-    to its own shape, and jvp takes a missing tangent as zero."""
+    to its own shape, and skips a cotangent that is None (not materialised as zeros), as
+    jvp skips a tangent that is None."""
     source = generate_source("log(exp(a)+exp(b))", "Case")
     assert "dresult_da, dresult_db = _CaseDerivative.apply(a, b)" in source
     assert "def backward(ctx, grad_dresult_da, grad_dresult_db):" in source
-    assert ".sum_to_size(a.shape)" in source and "torch.zeros_like(b) if b_tangent is None else b_tangent" in source
+    assert ".sum_to_size(a.shape)" in source
+    assert "ctx.set_materialize_grads(False)" in source and "if grad_dresult_db is not None:" in source
+    assert "if b_tangent is not None:" in source
+
+
+def test_second_derivative_function_skips_absent_cotangents(device):
+    """A Hessian row taken by itself leaves the other derivative's cotangent None. Made a
+    zero, it multiplied a second derivative that overflows: Blend's row for y was nan at
+    x = -100, y = 1e4 in float32 (0 * -inf: d2/dxdy is -5e39 there), where d2/dy2 is
+    -5.4e35. Now that entry overflows as its own form does (-inf), and nothing is nan."""
+    from generated.blend import blend
+
+    values = [-100.0, -20.0, 0.5, 20.0, 1e4]
+    points = [(a, b) for a in values for b in values]
+    x, y = (torch.tensor(column, device=device, requires_grad=True) for column in zip(*points))
+    (_, gy) = torch.autograd.grad(blend(x, y, 0.708).sum(), (x, y), create_graph=True)
+    row = torch.autograd.grad(gy.sum(), (x, y))
+    assert not any(torch.isnan(entry).any() for entry in row), row
+    exact = lambda a, b: 0.708 * a * b + mpmath.log(1 + b**2) * mpmath.exp(-a)  # noqa: E731
+    for n, point in enumerate(points):
+        for j in range(2):
+            with mpmath.workdps(60):
+                want = mpmath.diff(exact, tuple(mpmath.mpf(v) for v in point), (int(j == 0), 1 + int(j == 1)))
+            got = row[j][n].item()
+            if abs(got) != math.inf:
+                assert rel_error(got, want, torch.float32) <= SECOND_DERIVATIVE_RTOL[torch.float32], (point, j, got, want)
 
 
 @pytest.mark.parametrize(
@@ -1493,6 +1519,9 @@ def test_second_derivative_function_with_broadcast_and_piecewise_constant_inputs
     forward_over_reverse = torch.func.jacfwd(torch.func.jacrev(total, argnums=(0, 1)), argnums=(0, 1))(x.detach(), y.detach())
     reverse_over_reverse = torch.func.jacrev(torch.func.jacrev(total, argnums=(0, 1)), argnums=(0, 1))(x.detach(), y.detach())
     torch.testing.assert_close(forward_over_reverse, reverse_over_reverse)
+    for argnum in (0, 1):  # the other input's tangent is None in the Function's jvp
+        one_column = torch.func.jacfwd(torch.func.jacrev(total, argnums=(0, 1)), argnums=argnum)(x.detach(), y.detach())
+        torch.testing.assert_close(one_column, tuple(row[argnum] for row in reverse_over_reverse))
 
 
 # Two-input cases whose double backward was inexact (a survey: logaddexp's was 0 at
