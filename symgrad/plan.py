@@ -275,7 +275,6 @@ class _Builder:
         self.speed = bool(derivation.derivatives)
         # Names claimed on first use, and per-input counts of the terms speed_backward adds.
         self.term_name: str | None = None
-        self.jvp_term_name: str | None = None
         self.contributions = [0] * len(self.inputs)
         # Shapes are needed to un-broadcast gradients only when tensors can broadcast.
         self.broadcasts = len(self.inputs) + len(self.params) > 1
@@ -305,6 +304,13 @@ class _Builder:
         return name
 
     # -- helpers ----------------------------------------------------------------------
+    def term(self) -> str:
+        """The name of a term being added to a sum that may still be None (_accumulate):
+        one name for every method, each of which uses it locally."""
+        if self.term_name is None:
+            self.term_name = self.names.namer.claim("term")
+        return self.term_name
+
     def name(self, symbol: sympy.Symbol) -> str:
         return self.names.symbols[symbol]
 
@@ -813,7 +819,7 @@ class _Builder:
         if optional_cotangents:
             setup.append("ctx.set_materialize_grads(False)")
         setup_context = Method(("ctx", "inputs", "output"), tuple(setup), "")
-        term = self.names.namer.claim("term") if several or optional_cotangents else None
+        term = self.term() if several or optional_cotangents else None
 
         lines, values = body(hessian_entries, inputs[0])
         grads = []
@@ -964,9 +970,7 @@ class _Builder:
         if self.broadcasts:
             # Reduced term by term: the outputs (derivatives included) differ in shape.
             term = f"({term}).sum_to_size({self.ctx_ref(self.name(self.inputs[j]) + '_shape')})"
-        if self.contributions[j] > 1 and self.term_name is None:
-            self.term_name = self.names.namer.claim("term")
-        return _accumulate(grad, term, self.contributions[j] == 1, self.term_name)
+        return _accumulate(grad, term, self.contributions[j] == 1, self.term() if self.contributions[j] > 1 else None)
 
     def backward_term(self, output: int, expr: sympy.Expr) -> str:
         grad_output = self.names.grad_outputs[output]
@@ -1020,7 +1024,7 @@ class _Builder:
         returns = []
         single = self.single_tangent()
         if not single:
-            self.jvp_term_name = self.names.namer.claim("term")
+            self.term()  # (claimed before the tangents' names, which then stay as they were)
         for i, out in enumerate(self.outputs):
             result = self.name(self.names.results[i])
             tangent = self.names.namer.claim(f"{result}_tangent")
@@ -1041,7 +1045,7 @@ class _Builder:
                 lines.append(f"{tangent} = None")
                 for k, (j, term) in enumerate(terms):
                     lines.append(f"if {self.names.tangents[j]} is not None:")
-                    lines += [INDENT + line for line in _accumulate(tangent, term, k == 0, self.jvp_term_name)]
+                    lines += [INDENT + line for line in _accumulate(tangent, term, k == 0, self.term())]
                 lines.append(f"if {tangent} is None:")
                 lines.append(f"{INDENT}# No given tangent reaches this output: its tangent is a zero of its dtype.")
                 dtype = self.ctx_ref(f"{result}_dtype")
