@@ -6,8 +6,9 @@ worker process with a timeout, then counts.
 
 Each expression is drawn by the same hypothesis grammar as tests/test_fuzz.py (half from
 the smooth grammar, half from the whole grammar) and must either be refused with a
-SymgradError or generate a module that imports and passes gradcheck (see test_fuzz.py for
-how kinks are handled). Printed at the end (and every --report seconds):
+SymgradError or generate a module that imports and passes gradcheck and gradgradcheck
+(see test_fuzz.py for how kinks are handled). Printed at the end (and every --report
+seconds):
 
 * passed;
 * refused, grouped by reason (the message's first words, numbers blanked);

@@ -1,8 +1,9 @@
 """Property-based tests: random expression trees over the whole supported grammar.
 
 Every drawn expression must either be refused with a ``SymgradError`` (a one-line message
-that says why) or generate a module that imports and passes ``gradcheck`` in float64 at
-points drawn from its own ``__symgrad__["domain"]``. Any other exception is a bug.
+that says why) or generate a module that imports and passes ``gradcheck`` and
+``gradgradcheck`` in float64 at points drawn from its own ``__symgrad__["domain"]``. Any
+other exception is a bug.
 
 Kinks. ``gradcheck`` compares against finite differences, which are wrong within ``eps``
 of a kink or jump (``Abs``, ``sign``, ``Max``/``Min``, ``floor``, ``Heaviside``,
@@ -334,13 +335,17 @@ def _check_module(text: str, source: str, directory: Path, seed: int, smooth: bo
         check_forward(text, symbols, args, everything if isinstance(everything, tuple) else (everything,))
         if outputs:
             _gradcheck(differentiable, tuple(args))
+            # Double backward too: backward's create_graph branch (plan.SecondDerivative, or
+            # the formula autograd differentiates) is code that first order never runs.
+            _gradcheck(differentiable, tuple(args), torch.autograd.gradgradcheck)
         return "passed"
     finally:
         sys.modules.pop(module.__name__, None)
 
 
-def _gradcheck(function, args) -> None:
-    """gradcheck, and once more with a 100x wider finite-difference step if it fails.
+def _gradcheck(function, args, check=torch.autograd.gradcheck) -> None:
+    """gradcheck (or ``check``: gradgradcheck), and once more with a 100x wider
+    finite-difference step if it fails.
 
     The default step (1e-6) is below the rounding of a large intermediate: sin(40353607 - x)
     moves in steps of 7.5e-9 of its argument, so the numerical derivative was 0.2% off
@@ -348,10 +353,10 @@ def _gradcheck(function, args) -> None:
     at any step; the wider one only lets the rounding average out.
     """
     try:
-        torch.autograd.gradcheck(function, args, raise_exception=True)
+        check(function, args, raise_exception=True)
     except GradcheckError as first:
         try:
-            torch.autograd.gradcheck(function, args, eps=1e-4, raise_exception=True)
+            check(function, args, eps=1e-4, raise_exception=True)
         except GradcheckError:
             raise first from None
 
