@@ -1,7 +1,5 @@
 """``python -m symgrad``: the same as the ``symgrad`` command."""
 
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()

@@ -51,6 +51,51 @@ def test_generated_module_runs_like_the_readme(tmp_path):
     assert "2.2500" in result.stdout  # sqrt(4) + 1/4
 
 
+def _run_command_and_report(args: list[str], report: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The command as its console script runs it (symgrad.cli.run), then ``report``, an
+    expression printed to stderr at exit."""
+    code = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: print({report}, file=sys.stderr))\n"
+        f"sys.argv = ['symgrad', *{args!r}]\n"
+        "from symgrad.cli import run\n"
+        "run()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_command_imports_neither_torch_nor_sympy_units(tmp_path):
+    """Generating costs little more than importing sympy, jinja2 and black: torch is not
+    imported, nor sympy.physics.units, which sympy.simplify imports only to look for a
+    physical Quantity (0.25 s of a 1.5 s run, symgrad.cli._skip_sympy_units_import). The
+    module is the same as the library writes, which imports the real sympy.physics.units."""
+    args = ["log(1+exp(x))*sqrt(x)+1/x", "--name", "Case", "--stdout"]
+    report = "type(sys.modules.get('sympy.physics.units')).__name__, 'torch' in sys.modules"
+    result = _run_command_and_report(args, report, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "_SympyUnitsStandIn False"
+    assert result.stdout.rstrip("\n") == generate_source("log(1+exp(x))*sqrt(x)+1/x", "Case").rstrip("\n")
+
+
+def test_sympy_units_stand_in_hands_out_the_real_module():
+    """Any other name imported from it (SymPy's checksol imports Unit) is the real
+    module's, imported on first use."""
+    code = (
+        "import sys\n"
+        "from symgrad.cli import _skip_sympy_units_import\n"
+        "_skip_sympy_units_import()\n"
+        "from sympy.physics.units import kilo, meter\n"
+        "assert type(sys.modules['sympy.physics.units']).__name__ == 'module'\n"
+        "from sympy.physics.units.quantities import Quantity\n"
+        "assert isinstance(meter, Quantity) and kilo * meter == 1000 * meter\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
 def test_out_and_stdout(tmp_path):
     result = run("x**2", "--name", "Square", "--out", "custom/dir", cwd=tmp_path)
     assert result.returncode == 0 and (tmp_path / "custom" / "dir" / "square.py").is_file()
