@@ -671,6 +671,20 @@ def _rule_sinh_over_cosh(node: sympy.Expr):
     return None
 
 
+def _rule_abs_of_power(node: sympy.Expr):
+    """``Abs(b**e)`` -> ``Abs(b)**e`` for a real exponent, equal wherever either is defined
+    (|b**e| = |b|**e for the principal power). As written it is nan for a negative base and
+    a fractional exponent: SymPy's second derivative of (y**-2)**(y*y), |y|**(-2*y**2),
+    held Abs(y**(1 + 2*y**2)), nan at every y < 0 (found by the fuzz campaign's
+    gradgradcheck)."""
+    if not isinstance(node, sympy.Abs) or not node.args[0].is_Pow:
+        return None
+    base, exponent = node.args[0].as_base_exp()
+    if exponent.is_extended_real is not True or exponent.is_integer:
+        return None  # (an integer power is finite as written)
+    return sympy.Abs(base) ** exponent
+
+
 _INVERSES = {sympy.atanh: sympy.tanh, sympy.asinh: sympy.sinh}
 
 
@@ -703,6 +717,7 @@ _RULES = (
     _rule_tanh_half,
     _rule_exp_over_expm1,
     _rule_sinh_over_cosh,
+    _rule_abs_of_power,
 )
 
 
@@ -819,6 +834,31 @@ def _safe_point(symbol: sympy.Symbol, condition: sympy.Basic):
     return None
 
 
+def _never_holds(condition: sympy.Basic) -> bool:
+    """Whether ``condition``, linear bounds on one symbol, holds for no real value
+    (``x <= 1/3 & x > 2/3``). Other conditions: False."""
+    if len(getattr(condition, "free_symbols", ())) != 1:
+        return False
+    (symbol,) = condition.free_symbols
+    lows, highs = [], []  # (bound, strict)
+    for rel in condition.args if isinstance(condition, sympy.And) else (condition,):
+        if not isinstance(rel, sympy.core.relational.Relational) or rel.rel_op in ("==", "!="):
+            return False
+        lhs = rel.lhs - rel.rhs
+        slope = lhs.diff(symbol)
+        if not (_number(slope) and slope != 0) or lhs.diff(symbol, 2) != 0:
+            return False
+        bound = _expand(symbol - lhs / slope)
+        if not _number(bound):
+            return False
+        greater = (rel.rel_op in (">", ">=")) != bool(slope.is_negative)
+        (lows if greater else highs).append((bound, rel.rel_op in (">", "<")))
+    if not lows or not highs:
+        return False
+    (low, low_strict), (high, high_strict) = max(lows), min(highs)
+    return bool(low > high) or bool(low == high) and (low_strict or high_strict)
+
+
 def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
     """Guard the symbols of every non-polynomial Piecewise branch (the "double where").
 
@@ -837,6 +877,11 @@ def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
     branches = []
     previous = []
     for value, condition in node.args:
+        if condition is not sympy.true and _never_holds(condition):
+            # Never taken, and dropped: where it stayed, unguardable (no point satisfies it),
+            # double backward multiplied its nan by where's zero gradient (found by the fuzz
+            # campaign's gradgradcheck: x**-x for x <= 1/3 & x > 2/3, nan at x < 0).
+            continue
         taken = condition if condition is not sympy.true else sympy.And(*(sympy.Not(c) for c in previous))
         previous.append(condition)
         symbols = sorted(value.free_symbols & taken.free_symbols, key=sympy.default_sort_key)
