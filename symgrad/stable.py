@@ -797,12 +797,10 @@ def _removable_singularities(expr: sympy.Expr) -> sympy.Expr:
 # -- Piecewise: the double where ---------------------------------------------------------
 
 
-def _safe_point(symbol: sympy.Symbol, condition: sympy.Basic):
-    """A value of ``symbol`` at which ``condition`` holds, from linear bounds; or None.
-
-    Bounds may involve other symbols (``x > y`` gives ``y + 1``); two numeric bounds give
-    their midpoint.
-    """
+def _linear_bounds(symbol: sympy.Symbol, condition: sympy.Basic):
+    """The bounds ``condition`` puts on ``symbol``: (lows, highs), each a list of (bound,
+    strict); None where a relation on it is not a linear bound. Bounds may involve other
+    symbols (``x > y`` gives the low ``y``)."""
     lows, highs = [], []
     relations = condition.args if isinstance(condition, sympy.And) else (condition,)
     for rel in relations:
@@ -815,10 +813,21 @@ def _safe_point(symbol: sympy.Symbol, condition: sympy.Basic):
         if not (_number(slope) and slope != 0) or lhs.diff(symbol, 2) != 0:
             return None
         bound = _expand(symbol - lhs / slope)  # where lhs == 0
-        greater = rel.rel_op in (">", ">=")
-        if slope.is_negative:
-            greater = not greater
-        (lows if greater else highs).append(bound)
+        greater = (rel.rel_op in (">", ">=")) != bool(slope.is_negative)
+        (lows if greater else highs).append((bound, rel.rel_op in (">", "<")))
+    return lows, highs
+
+
+def _safe_point(symbol: sympy.Symbol, condition: sympy.Basic):
+    """A value of ``symbol`` at which ``condition`` holds, from linear bounds; or None.
+
+    Bounds may involve other symbols (``x > y`` gives ``y + 1``); two numeric bounds give
+    their midpoint.
+    """
+    bounds = _linear_bounds(symbol, condition)
+    if bounds is None:
+        return None
+    lows, highs = ([b for b, _ in side] for side in bounds)
     if lows and highs:
         if len(lows) == len(highs) == 1 and _number(lows[0]) and _number(highs[0]) and lows[0] < highs[0]:
             return (lows[0] + highs[0]) / 2
@@ -835,27 +844,15 @@ def _safe_point(symbol: sympy.Symbol, condition: sympy.Basic):
 
 
 def _never_holds(condition: sympy.Basic) -> bool:
-    """Whether ``condition``, linear bounds on one symbol, holds for no real value
+    """Whether ``condition``, numeric linear bounds on one symbol, holds for no real value
     (``x <= 1/3 & x > 2/3``). Other conditions: False."""
     if len(getattr(condition, "free_symbols", ())) != 1:
         return False
     (symbol,) = condition.free_symbols
-    lows, highs = [], []  # (bound, strict)
-    for rel in condition.args if isinstance(condition, sympy.And) else (condition,):
-        if not isinstance(rel, sympy.core.relational.Relational) or rel.rel_op in ("==", "!="):
-            return False
-        lhs = rel.lhs - rel.rhs
-        slope = lhs.diff(symbol)
-        if not (_number(slope) and slope != 0) or lhs.diff(symbol, 2) != 0:
-            return False
-        bound = _expand(symbol - lhs / slope)
-        if not _number(bound):
-            return False
-        greater = (rel.rel_op in (">", ">=")) != bool(slope.is_negative)
-        (lows if greater else highs).append((bound, rel.rel_op in (">", "<")))
-    if not lows or not highs:
+    bounds = _linear_bounds(symbol, condition)
+    if bounds is None or not all(bounds) or not all(_number(b) for side in bounds for b, _ in side):
         return False
-    (low, low_strict), (high, high_strict) = max(lows), min(highs)
+    (low, low_strict), (high, high_strict) = max(bounds[0]), min(bounds[1])
     return bool(low > high) or bool(low == high) and (low_strict or high_strict)
 
 
