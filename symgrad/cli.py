@@ -104,9 +104,9 @@ class _SympyUnitsStandIn(types.ModuleType):
 
 
 def _skip_sympy_units_import() -> None:
-    """Spare the command SymPy's import of sympy.physics.units: 0.25 s of the 1.5 s that
-    `symgrad "sqrt(x)+1/x" --name SqrtInverse` took here, 40% of what it spends beyond
-    importing sympy, jinja2 and black.
+    """Spare the command SymPy's import of sympy.physics.units: 0.4 s of the 1.8 s that
+    `symgrad "sqrt(x)+1/x" --name SqrtInverse` took here, half of what it spent beyond
+    importing sympy, jinja2 and black (medians of 15 runs, README "Command line").
 
     sympy.simplify (SymPy 1.14) imports that package on its first call only to ask whether
     the expression holds a physical Quantity, and symgrad's never do: parse admits no
