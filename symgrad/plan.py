@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import re
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy
@@ -621,10 +622,13 @@ class _Builder:
                 lines.append(f"ctx.{result}_shape = {result}.shape")
         return lines
 
-    def save_parts(self, method: str, saved_names: list[str]) -> tuple[list[str], list[str]]:
-        """Lines that stash number params on ctx, and the tensors ``method`` saves."""
+    def save_parts(
+        self, method: str, saved_names: list[str], params: Sequence[sympy.Symbol] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Lines that stash number params (default: saved_params) on ctx, and the tensors
+        ``method`` saves."""
         lines, tensors = [], list(saved_names)
-        for param in self.saved_params():
+        for param in self.saved_params() if params is None else params:
             name = self.name(param)
             if method == "save_for_backward":
                 lines.append(f"ctx.{name}_number = None if isinstance({name}, torch.Tensor) else {name}")
@@ -637,12 +641,15 @@ class _Builder:
             lines.append(f"ctx.{method}({', '.join(tensors)})")
         return lines
 
-    def unpack_saved(self, saved: list[sympy.Symbol]) -> list[str]:
-        names = [self.name(s) for s in saved] + [self.name(p) for p in self.saved_params()]
+    def unpack_saved(self, saved: Sequence[sympy.Symbol], params: Sequence[sympy.Symbol] | None = None) -> list[str]:
+        """Lines unpacking ctx.saved_tensors: ``saved``, then the params (default:
+        saved_params), a number param from its ctx attribute."""
+        params = self.saved_params() if params is None else params
+        names = [self.name(s) for s in saved] + [self.name(p) for p in params]
         if not names:
             return []
         lines = [f"{_unpack(names)} = ctx.saved_tensors"]
-        for param in self.saved_params():
+        for param in params:
             name = self.name(param)
             lines.append(f"if {name} is None:")
             lines.append(f"{INDENT}{name} = ctx.{name}_number")
@@ -777,9 +784,7 @@ class _Builder:
             self.names.namer.claim(f"d{self.name(self.names.results[i])}_d{self.name(self.inputs[j])}") for i, j in entries
         ]
         cotangents = tuple(self.names.namer.claim(f"grad_{d}") for d in derivatives)
-        unpack = [f"{_unpack(inputs + param_names)} = ctx.saved_tensors"]
-        for name in param_names:
-            unpack += [f"if {name} is None:", f"{INDENT}{name} = ctx.{name}_number"]
+        unpack = self.unpack_saved(symbols, params)
         hessian_entries = [h for row in hessian for h in row]
 
         def body(exprs: list[sympy.Expr], reference: str) -> tuple[list[str], list[str]]:
@@ -807,9 +812,9 @@ class _Builder:
         optional_cotangents = len(derivatives) > 1
         if param_names:
             # A number param is kept on ctx; save_for_backward takes tensors only.
-            saved = ", ".join(inputs + [f"{p} if ctx.{p}_number is None else None" for p in param_names])
-            setup = [f"{_unpack(inputs + param_names)} = inputs"]
-            setup += [f"ctx.{p}_number = None if isinstance({p}, torch.Tensor) else {p}" for p in param_names]
+            stash, tensors = self.save_parts("save_for_backward", inputs, params)
+            saved = ", ".join(tensors)
+            setup = [f"{_unpack(inputs + param_names)} = inputs", *stash]
             setup += [f"ctx.save_for_backward({saved})", f"ctx.save_for_forward({saved})"]
         else:
             setup = ["ctx.save_for_backward(*inputs)", "ctx.save_for_forward(*inputs)"]
@@ -832,16 +837,14 @@ class _Builder:
             if not (several or optional_cotangents):
                 grads.append(product(cotangents[reaching[0]], reaching[0], j))
                 continue
-            lines += [f"{name} = None", f"if ctx.needs_input_grad[{j}]:"]
-            for n, k in enumerate(reaching):
-                added = product(cotangents[k], k, j)
-                if several:
-                    added = f"({added}).sum_to_size({inputs[j]}.shape)"
-                accumulated = _accumulate(name, added, n == 0, term)
-                if optional_cotangents:
-                    lines += [f"{INDENT}if {cotangents[k]} is not None:", *(INDENT * 2 + line for line in accumulated)]
-                else:
-                    lines += [INDENT + line for line in accumulated]
+            added = {k: product(cotangents[k], k, j) for k in reaching}
+            if several:
+                added = {k: f"({text}).sum_to_size({inputs[j]}.shape)" for k, text in added.items()}
+            if optional_cotangents:
+                unset, *summed = _sum_of_present(name, [(cotangents[k], added[k]) for k in reaching], term)
+            else:  # (one cotangent, never None)
+                unset, summed = f"{name} = None", [f"{name} = {added[reaching[0]]}"]
+            lines += [unset, f"if ctx.needs_input_grad[{j}]:", *(INDENT + line for line in summed)]
             grads.append(name)
         grads += ["None"] * len(param_names)
         backward = Method(("ctx",) + cotangents, (*unpack, *lines), ", ".join(grads))
@@ -860,10 +863,7 @@ class _Builder:
                 pushed.append(product(tangents[0], k, 0))
                 continue
             name = self.names.namer.claim(f"{derivatives[k]}_tangent")
-            for n, j in enumerate(moving):
-                accumulated = _accumulate(name, product(tangents[j], k, j), n == 0, term)
-                lines += [f"{name} = None"] * (n == 0)
-                lines += [f"if {tangents[j]} is not None:", *(INDENT + line for line in accumulated)]
+            lines += _sum_of_present(name, [(tangents[j], product(tangents[j], k, j)) for j in moving], term)
             lines += [
                 f"if {name} is None:",
                 f"{INDENT}{name} = torch.zeros((), dtype=ctx.dtypes[{k}], device={inputs[0]}.device)",
@@ -1042,10 +1042,7 @@ class _Builder:
                     value = f"({value}).expand({self.ctx_ref(self.shape_attr(i))}).{out.reduction}()"
                 lines.append(f"{tangent} = {value}")
             else:
-                lines.append(f"{tangent} = None")
-                for k, (j, term) in enumerate(terms):
-                    lines.append(f"if {self.names.tangents[j]} is not None:")
-                    lines += [INDENT + line for line in _accumulate(tangent, term, k == 0, self.term())]
+                lines += _sum_of_present(tangent, [(self.names.tangents[j], term) for j, term in terms], self.term())
                 lines.append(f"if {tangent} is None:")
                 lines.append(f"{INDENT}# No given tangent reaches this output: its tangent is a zero of its dtype.")
                 dtype = self.ctx_ref(f"{result}_dtype")
@@ -1436,6 +1433,16 @@ def _temp_users(temps, reduced, groups: list[int]) -> dict[sympy.Symbol, set[int
             if symbol in users:
                 users[symbol] |= users[temp]
     return users
+
+
+def _sum_of_present(target: str, terms: list[tuple[str, str]], term_name: str | None) -> list[str]:
+    """Lines setting ``target`` to the sum of ``terms``, (a name that may be None at run
+    time, a term that uses it): each is added only where its name is not None, and
+    ``target`` stays None where none is."""
+    lines = [f"{target} = None"]
+    for n, (optional, term) in enumerate(terms):
+        lines += [f"if {optional} is not None:", *(INDENT + line for line in _accumulate(target, term, n == 0, term_name))]
+    return lines
 
 
 def _accumulate(target: str, term: str, first: bool, term_name: str | None) -> list[str]:

@@ -254,6 +254,13 @@ def apply(module, *args):
     return getattr(module, module.__symgrad__["alias"])(*args)
 
 
+def _exec_module(source: str, label: str) -> dict:
+    """The names a generated ``source`` defines, run without a file (for one test's module)."""
+    namespace: dict = {}
+    exec(compile(source, f"<{label}>", "exec"), namespace)
+    return namespace
+
+
 def _truth_at(case: Case, point, dps: int):
     with mpmath.workdps(dps):
         args = [mpmath.mpf(p) for p in point]
@@ -1125,9 +1132,7 @@ def test_log_cosh_is_finite_where_cosh_overflows(gen_dir, device):
     # The Piecewise itself is differentiated where it is a gradient: y*log(cosh(x)) by y. Its
     # branches are guarded, so the branch not taken (sinh(x/2)**2 overflows from |x| = 179 in
     # float32) leaks no NaN into d(grad_y)/dx = tanh(x) (found in review).
-    source = generate_source("y*log(cosh(x))", "ScaledLogCosh")
-    namespace: dict = {}
-    exec(compile(source, "scaled_log_cosh", "exec"), namespace)
+    namespace = _exec_module(generate_source("y*log(cosh(x))", "ScaledLogCosh"), "scaled_log_cosh")
     for dtype in (torch.float32, torch.float64):
         x = torch.tensor([0.3, -2.0, 200.0, -1500.0], dtype=dtype, device=device, requires_grad=True)
         y = torch.ones_like(x, requires_grad=True)
@@ -1270,9 +1275,7 @@ def test_sech_squared_gradient_is_finite_where_cosh_overflows(gen_dir, device):
     """d/dx 1/cosh(x)**2 simplifies to -2*sinh(x)/cosh(x)**3, inf/inf = nan from |x| = 90 in
     float32; as -2*tanh(x)/cosh(x)**2 (stable._rule_sinh_over_cosh) it is 0 there. (Its
     double backward still differentiates the cosh: nan there, README "Numerical stability".)"""
-    source = generate_source("1/cosh(x)**2", "SechSquared")
-    namespace: dict = {}
-    exec(compile(source, "<sech>", "exec"), namespace)
+    namespace = _exec_module(generate_source("1/cosh(x)**2", "SechSquared"), "sech")
     for dtype in (torch.float32, torch.float64):
         x = torch.tensor([-1e4, -300.0, -100.0, -0.5, 0.5, 100.0, 300.0, 1e4], dtype=dtype, device=device, requires_grad=True)
         (g,) = torch.autograd.grad(namespace["sech_squared"](x).sum(), x)
@@ -1396,12 +1399,6 @@ _PARAM_AND_OUTPUT_CASES = {
         "dresult0_dx, dresult1_dx = ",
     ),
 }
-
-
-def _exec_module(source: str, label: str) -> dict:
-    namespace: dict = {}
-    exec(compile(source, f"<{label}>", "exec"), namespace)
-    return namespace
 
 
 @pytest.mark.parametrize("fuse", [False, True])
