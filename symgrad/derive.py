@@ -6,18 +6,17 @@ import functools
 import itertools
 import math
 import struct
-import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mpmath
 import sympy
-from sympy.printing.pycode import MpmathPrinter
 
 from .errors import SymgradError
 from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
+from .probe import FLOAT64_MAX, probe_code, real_only, wrap_probe_calls
 from .stable import stabilize
 from .stable_functions import TaylorPolynomial, expand_functions, sigmoid, softplus, to_elementary
 
@@ -565,7 +564,7 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
         # mpmath's complex digamma of log(-20)-like values loops for minutes (found by the
         # fuzz campaign).
         evaluate_candidate, evaluate_reference = (
-            _real_only(_probe_code(symbols, expr))
+            real_only(probe_code(symbols, expr))
             for expr in (candidate, reference)
         )
     except (TypeError, ValueError, KeyError):
@@ -604,7 +603,6 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
 
 _FLOAT32_TINY = 2.0**-126  # the smallest normal float32
 _FLOAT32_MAX = (2 - 2.0**-23) * 2.0**127
-FLOAT64_MAX = 1.7976931348623157e308
 
 
 # (bits of precision, largest finite value, smallest subnormal) of float32 and float64.
@@ -640,7 +638,7 @@ def _in_float_range(evaluate, largest: float, smallest: float):
     inf*0 and inf/inf, nan, follow from mpmath's own arithmetic on inf). Powers (and so
     quotients) are calls here; sums and products are not rounded, so x**5*y**5*exp(-x) at
     x = y = 1e4, nan in float32, passes."""
-    return _wrap_probe_calls(
+    return wrap_probe_calls(
         evaluate, lambda name, function: _rounded_to_range(function, largest, smallest, _BEYOND_PROBE.get(name))
     )
 
@@ -723,7 +721,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     candidate = _as_printed(candidate)
     try:
         exact_values = _exact_values(reference, symbols)
-        in_formats = [_in_float_range(_probe_code(symbols, candidate), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS]
+        in_formats = [_in_float_range(probe_code(symbols, candidate), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS]
     except (TypeError, ValueError, KeyError):
         return True  # not printable for mpmath: left to the stability tests, as before
     for point, exact in exact_values:
@@ -755,12 +753,12 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     reference. (At an exact zero of a factor, any form is 0*inf = nan once another factor
     overflows: (1 - y**2)*exp(-x) at y = 1, x = -100 in float32.)
 
-    Real-only, and without intermediates beyond float64 (_real_only): where the reference
+    Real-only, and without intermediates beyond float64 (real_only): where the reference
     has one (exp(1e3) in sigmoid's second derivative at x = -1e3), the point is skipped, so
     float64's own overflows go unprobed. Allowed further, x**y at x = y = 1e4, 1e40000, went
     into sigmoid's mpmath exp, which took minutes (found by the fuzz campaign).
     """
-    evaluate = _real_only(_probe_code(symbols, reference))
+    evaluate = real_only(probe_code(symbols, reference))
     magnitudes = [m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] if len(symbols) == 1 else _PAIR_PROBES
     # Rounded to float32, and so exact in float64 too.
     rounded = [mpmath.mpf(struct.unpack("f", struct.pack("f", m))[0]) for m in magnitudes]
@@ -1254,8 +1252,8 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
         raise SymgradError(f"--domain names {unknown[0]!r}, which is not an input or param")
     exprs = [e for e in derivation.forward] + [g for row in derivation.gradients for g in row if g != 0]
     try:
-        evaluate = _real_only(
-            _probe_code(symbols, exprs)
+        evaluate = real_only(
+            probe_code(symbols, exprs)
         )
     except (TypeError, ValueError, KeyError, NotImplementedError) as exc:
         # SymPy folds Piecewise while printing and can meet an undefined branch, e.g.
@@ -1292,160 +1290,6 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
             " give them with --domain NAME=LOW:HIGH"
         )
     return tuple((s, *chosen[s]) for s in symbols)
-
-
-# Probe evaluation is in mpmath, whose cost grows with the size of an exponent: sinh of
-# sinh(sinh(30)) (about e**(5e12)) would never finish (found by the fuzz campaign). Values
-# that large are far outside float64 anyway, so the exponential functions and powers
-# refuse them (OverflowError, i.e. "not moderate") instead of computing them.
-PROBE_MAX_EXPONENT = 1e5
-PROBE_MAX_TRIG_ARGUMENT = 1e300  # beyond float64; reducing sin(1e43429) would need a 144k-bit pi
-PROBE_MAX_SPECIAL_ARGUMENT = 1e300  # loggamma, polygamma (beyond float64 they are inf or nan anyway)
-PROBE_MAX_NEGATIVE_POLYGAMMA = 1e4  # below -1e4, see _probe_polygamma
-
-
-def _guard(fn, size, limit):
-    def guarded(*args):
-        magnitude = size(*args)
-        if not mpmath.isfinite(magnitude) or magnitude > limit:
-            raise OverflowError(f"{fn.__name__} argument too large to probe")
-        return fn(*args)
-
-    return guarded
-
-
-def _probe_polygamma(order, argument):
-    """mpmath's polygamma, refusing arguments it would take minutes over.
-
-    Below 0 it recurs up to positive arguments one unit at a time: 3 s at -1e6, minutes at
-    -2e7 (trigamma in a domain probe; found by the fuzz campaign).
-    """
-    if not abs(argument) <= PROBE_MAX_SPECIAL_ARGUMENT or mpmath.re(argument) < -PROBE_MAX_NEGATIVE_POLYGAMMA:
-        raise OverflowError("polygamma argument too large to probe")
-    return mpmath.polygamma(order, argument)
-
-
-def _power_size(base, exponent):
-    if base == 0:
-        return mpmath.mpf(0)
-    return abs(exponent) * abs(mpmath.log(abs(base))) + abs(mpmath.im(exponent))
-
-
-_PROBE_NAMESPACE = {
-    **{name: _guard(getattr(mpmath, name), lambda a: abs(a), PROBE_MAX_EXPONENT)
-       for name in ("exp", "expm1", "sinh", "cosh", "gamma")},
-    **{name: _guard(getattr(mpmath, name), lambda a: abs(a), PROBE_MAX_TRIG_ARGUMENT)
-       for name in ("sin", "cos", "tan", "sec", "csc", "cot")},
-    # Beyond float64's range these are inf or nan in the generated code anyway, and mpmath
-    # may take long over them (see _probe_polygamma).
-    "loggamma": _guard(mpmath.loggamma, lambda a: abs(a), PROBE_MAX_SPECIAL_ARGUMENT),
-    "polygamma": _probe_polygamma,
-    "_probe_power": _guard(mpmath.power, _power_size, PROBE_MAX_EXPONENT),
-    "_probe_heaviside": lambda x, h0=mpmath.mpf(0.5): mpmath.mpf(0) if x < 0 else (h0 if x == 0 else mpmath.mpf(1)),
-}  # fmt: skip
-
-
-class _ProbePrinter(MpmathPrinter):
-    """mpmath code in which every power goes through the guarded ``_probe_power``."""
-
-    def _print_Pow(self, expr, rational=False):
-        return f"_probe_power({self._print(expr.base)}, {self._print(expr.exp)})"
-
-    # Printed directly: SymPy's own printing may rewrite Max/Min and logic into Piecewise and
-    # conjunctive normal form, which is exponential in the number of conditions (a hang on
-    # Min(Max(...), Min(...), gamma(log(y)) < 0), found by the fuzz campaign).
-    def _print_Heaviside(self, expr):
-        return f"_probe_heaviside({self._print(expr.args[0])})"
-
-    def _print_Max(self, expr):
-        return f"max({', '.join(self._print(a) for a in expr.args)})"
-
-    def _print_Min(self, expr):
-        return f"min({', '.join(self._print(a) for a in expr.args)})"
-
-    def _print_And(self, expr):
-        return "(" + " and ".join(self._print(a) for a in expr.args) + ")"
-
-    def _print_Or(self, expr):
-        return "(" + " or ".join(self._print(a) for a in expr.args) + ")"
-
-    def _print_Not(self, expr):
-        return f"(not {self._print(expr.args[0])})"
-
-    def _print_ITE(self, expr):
-        # (ITE: a condition that compares conditions. SymPy's printer rewrites it as a
-        # Piecewise, whose folding ran for minutes on a few nested ones: found by the fuzz
-        # campaign.)
-        condition, then, otherwise = (self._print(a) for a in expr.args)
-        return f"(({then}) if ({condition}) else ({otherwise}))"
-
-    def _print_ComplexRootOf(self, expr):
-        # A root of a polynomial, where SymPy solved a Piecewise condition (x > x**4/2 - 1/2
-        # became a root interval, found by the fuzz campaign): its value.
-        value = expr.evalf(30)
-        if not value.is_real:
-            raise TypeError("a complex root in a condition")
-        return f"mpf('{value}')"
-
-    def _print_Piecewise(self, expr):
-        text = "mpf('nan')"
-        for value, condition in reversed(expr.args):
-            if condition == sympy.true:
-                text = self._print(value)
-            else:
-                text = f"(({self._print(value)}) if ({self._print(condition)}) else ({text}))"
-        return text
-
-
-def _probe_printer() -> _ProbePrinter:
-    # The settings lambdify itself uses for modules="mpmath" (sympy 1.14).
-    names = {name: name for name in _PROBE_NAMESPACE}
-    settings = {"fully_qualified_modules": False, "inline": True, "allow_unknown_functions": True}
-    return _ProbePrinter({**settings, "user_functions": names})
-
-
-def _probe_code(symbols, exprs):
-    """mpmath code of ``exprs`` (an expression or a list) in ``symbols``, as the probes run it."""
-    return sympy.lambdify(symbols, exprs, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
-
-
-def _real_only(evaluate):
-    """Make every function the probe code calls refuse a complex result.
-
-    torch computes over the reals: acos(y)**2 is NaN for y > 1, although in mpmath the
-    complex acos squares to a real number (found by the fuzz campaign). A complex
-    intermediate is therefore "not moderate", like an infinite one, and so is one beyond
-    float64's range.
-    """
-    return _wrap_probe_calls(evaluate, lambda name, function: _real_result(function))
-
-
-def _wrap_probe_calls(evaluate, wrap):
-    """Replace every function that the probe code ``evaluate`` calls by ``wrap(name, function)``."""
-    namespace = evaluate.__globals__
-    functions = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
-    for name, value in list(namespace.items()):
-        # Only functions: mpmath's constants (pi, e, euler) are callable objects too.
-        if name.startswith("_") and name != "_probe_power" or not isinstance(value, functions):
-            continue
-        namespace[name] = wrap(name, value)
-    return evaluate
-
-
-def _real_result(fn):
-    def real(*args):
-        value = fn(*args)
-        if isinstance(value, mpmath.mpc):
-            if value.imag != 0:
-                raise ValueError("complex intermediate value")
-            value = value.real
-        if isinstance(value, mpmath.mpf) and abs(value) > FLOAT64_MAX:
-            # float64 overflows here even if the end result is moderate in mpmath:
-            # ((7 + y)**1095)**(y - 1) is inf**... in torch (found by the fuzz campaign)
-            raise OverflowError("intermediate value beyond float64")
-        return value
-
-    return real
 
 
 def _probe_points(intervals: list[tuple[float, float]]):

@@ -52,9 +52,12 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
 
 from __future__ import annotations
 
+import itertools
+
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
+from .probe import probe_code, real_only
 from .stable_functions import (
     Removable,
     guard,
@@ -881,17 +884,118 @@ def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
             continue
         taken = condition if condition is not sympy.true else sympy.And(*(sympy.Not(c) for c in previous))
         previous.append(condition)
-        symbols = sorted(value.free_symbols & taken.free_symbols, key=sympy.default_sort_key)
-        if symbols and taken not in (sympy.true, sympy.false) and not value.is_polynomial(*value.free_symbols):
-            relations = taken.args if isinstance(taken, sympy.And) else (taken,)
-            replacements: dict[sympy.Symbol, sympy.Expr] = {}
-            for s in symbols:
-                if any(s in r.free_symbols and r.free_symbols & set(replacements) for r in relations):
-                    continue
-                safe = _safe_point(s, taken)
-                if safe is not None:
-                    replacements[s] = guard(s, taken, safe)
-            if replacements:
-                value = value.xreplace(replacements)
+        if value.free_symbols and taken not in (sympy.true, sympy.false) and not value.is_polynomial(*value.free_symbols):
+            value = _guard_branch(value, taken)
         branches.append((value, condition))
     return sympy.Piecewise(*branches, evaluate=False)
+
+
+def _guard_branch(value: sympy.Expr, taken: sympy.Basic) -> sympy.Expr:
+    """``value`` with its symbols guarded: each is itself where ``taken`` holds and a safe
+    point elsewhere.
+
+    First choice: the points that ``taken``'s linear bounds give, which keep the branch
+    inside its own region (``x > y`` guards ``x`` by ``y + 1``). Where those leave the
+    untaken branch's partial derivatives non-finite somewhere (a symbol the condition does
+    not bound, as ``z`` in ``hypot(y, log(z))`` under ``x > 0``; an ``Or``, negated or
+    nonlinear condition), every symbol of the branch is guarded by a number instead, a
+    point found by probing where the branch and its partial derivatives are finite (found
+    by the fuzz campaign's gradgradcheck: double backward multiplied where's zero by their
+    nan).
+    """
+    symbols = sorted(value.free_symbols & taken.free_symbols, key=sympy.default_sort_key)
+    relations = taken.args if isinstance(taken, sympy.And) else (taken,)
+    replacements: dict[sympy.Symbol, sympy.Expr] = {}
+    for s in symbols:
+        if any(s in r.free_symbols and r.free_symbols & set(replacements) for r in relations):
+            continue
+        safe = _safe_point(s, taken)
+        if safe is not None:
+            replacements[s] = guard(s, taken, safe)
+    if not _finite_where_untaken(value, {s: g.args[2] for s, g in replacements.items()}):
+        point = _finite_point(value)
+        if point is not None:
+            replacements = {s: guard(s, taken, p) for s, p in point.items()}
+    return value.xreplace(replacements) if replacements else value
+
+
+def _finite_where_untaken(value: sympy.Expr, safe: dict[sympy.Symbol, sympy.Expr]) -> bool:
+    """Whether ``value``'s partial derivatives, with ``safe`` substituted, are finite and
+    moderate at every point of _UNTAKEN_PROBES in the symbols left free.
+
+    What leaks into double backward through where's zero is the untaken branch's local
+    derivatives (0 * nan), not its value: ``log(y)`` at y < 0 is nan, and its derivative
+    ``1/y`` finite.
+    """
+    symbols = sorted(value.free_symbols, key=sympy.default_sort_key)
+    try:
+        partials = [value.diff(s).xreplace(safe) for s in symbols]
+    except (TypeError, ValueError, ArithmeticError):
+        return False
+    free = sorted(set().union(*(d.free_symbols for d in partials)), key=sympy.default_sort_key)
+    if not free:
+        return _moderate_at(partials, [], [()])
+    if len(free) > len(_UNTAKEN_PROBES_PER_COUNT):
+        return False
+    return _moderate_at(partials, free, itertools.product(_UNTAKEN_PROBES_PER_COUNT[len(free) - 1], repeat=len(free)))
+
+
+def _finite_point(value: sympy.Expr) -> dict[sympy.Symbol, sympy.Expr] | None:
+    """A point, a number for each symbol of ``value``, at which ``value`` and its partial
+    derivatives are finite and moderate; None if the few points tried all fail.
+
+    Tried in order: every symbol at the same number of _SAFE_NUMBERS, then (up to three
+    symbols) combinations of the first four, so that ``log(x - y)`` finds x = 1, y = 1/2.
+    """
+    symbols = sorted(value.free_symbols, key=sympy.default_sort_key)
+    try:
+        exprs = [value, *(value.diff(s) for s in symbols)]
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+    candidates = [(c,) * len(symbols) for c in _SAFE_NUMBERS]
+    if len(symbols) <= 3:
+        candidates += [p for p in itertools.product(_SAFE_NUMBERS[:4], repeat=len(symbols)) if len(set(p)) > 1]
+    for point in candidates:
+        if _moderate_at(exprs, symbols, [point]):
+            return dict(zip(symbols, point))
+    return None
+
+
+def _moderate_at(exprs: list[sympy.Expr], symbols: list[sympy.Symbol], points) -> bool:
+    """Whether every expression is real, finite and at most _UNTAKEN_MAX_ABS in size at
+    every point, evaluated exactly (mpmath, refusing complex and float64-overflowing
+    intermediates as torch would compute them)."""
+    try:
+        evaluate = real_only(probe_code(symbols, exprs))
+    except (TypeError, ValueError, KeyError, NameError, SyntaxError):
+        return False
+    for point in points:
+        try:
+            values = evaluate(*point)
+        except (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError):
+            return False
+        for v in values:
+            try:
+                number = complex(v)
+            except (TypeError, ValueError):
+                return False
+            if number.imag != 0 or not abs(number.real) <= _UNTAKEN_MAX_ABS:
+                return False
+    return True
+
+
+# Where a branch is not taken, its symbols may hold any value: these are the probes, per
+# count of symbols left free (1, 2, 3; more are guarded without probing). The large ones
+# are where float32's exp and cosh overflow (from 89), 0 where powers and logs are
+# singular.
+_UNTAKEN_PROBES_PER_COUNT = (
+    (-1e4, -100.0, -3.0, -0.5, 0.0, 0.5, 3.0, 100.0, 1e4),
+    (-100.0, -0.5, 0.0, 0.5, 100.0),
+    (-100.0, -0.5, 0.0, 0.5, 100.0),
+)
+# Beyond this a partial derivative is taken as overflowing in float32 (3.4e38), with room
+# for the larger intermediates of the code that computes it.
+_UNTAKEN_MAX_ABS = 1e30
+# Safe points, tried in order: moderate numbers in the domains of log, sqrt, acosh (> 1),
+# asin and atanh (< 1) and of negative powers.
+_SAFE_NUMBERS = tuple(sympy.Rational(r) for r in ("1/2", "3/2", "1", "2", "1/4", "3", "-1/2", "-1", "5", "-2"))

@@ -460,6 +460,14 @@ CAMPAIGN_FINDS = [
         128,
         "passed",
     ),
+    # Campaigns 4121 and 4122 (pre-existing): untaken branches whose derivatives are nan
+    # where linear bounds could not guard them (a symbol the condition does not bound, an Or
+    # or negated condition, a nonlinear one), which double backward multiplied by where's
+    # zero. Every symbol of such a branch is guarded by a probed point now
+    # (stable._guard_branch).
+    ("mean(-(Piecewise((hypot(y, log(z, 1/2)), ((z) - (z)) < ((x) * (2/3))), (x, True))))", 2147483646, "passed"),
+    ("sum(Piecewise((Min(Piecewise(((x)**(x), not (((x) < (7)) and ((z) < (7)))), (y, True))), True)))", 528, "passed"),
+    ("asin(Piecewise((x, (atan(x)) <= (x) < (((x) >= (x)))), (((0)**3) * (x), True)))", 86, "passed"),
     # Campaign 4106 (pre-existing): CSE folded output 2, x - 1/2 over 1/2 - x, to -0.5, so
     # forward returned a number and mark_non_differentiable raised (a crash). Refused now.
     ("x, ((((0.5) / (x)) * ((x) - (0.5))) / (-((x) - (0.5)))) * (x)", 1, "output 2 is constant (-0.5) wherever it is defined"),

@@ -10,6 +10,7 @@ The rewrite rules themselves are checked for exact equality at random points.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import random
 import re
@@ -698,6 +699,61 @@ def test_two_symbol_piecewise_double_backward_is_finite(gen_dir, device):
     assert torch.isfinite(gx).all() and torch.isfinite(gy).all() and torch.isfinite(ggx).all()
     assert gx[2].item() == pytest.approx(0.5) and gx[0].item() == 0.0 and ggx[0].item() == 0.0
     assert ggx[2].item() == pytest.approx(-0.25)
+
+
+# Untaken branches that linear bounds cannot guard, each with a derivative that is nan
+# somewhere the branch is not taken (so double backward multiplied where's zero by it): a
+# symbol the condition does not bound, an Or (which the last branch negates), a nonlinear
+# condition. Then the exact mathematics and points on both sides of each condition.
+_Z = sympy.Symbol("z", real=True)
+UNTAKEN_BRANCHES = [
+    (
+        "Piecewise((hypot(y, log(z)), x > 0), (x, True))",
+        sympy.Piecewise((sympy.sqrt(Y**2 + sympy.log(_Z) ** 2), X > 0), (X, True)),
+        list(itertools.product((-2.0, -1e4, 1.5), (-1.0, 0.0, 0.5), (-2.0, 0.5, 3.0))),
+    ),
+    (
+        "Piecewise((0, x < -1 or x > 1), (asin(x), True))",
+        sympy.Piecewise((0, (X < -1) | (X > 1)), (sympy.asin(X), True)),
+        [(p,) for p in (-1e4, -3.0, -0.5, 0.25, 0.75, 2.0, 1e4)],
+    ),
+    (
+        "Piecewise((sqrt(1 - x**2), x**2 < 1), (0, True))",
+        sympy.Piecewise((sympy.sqrt(1 - X**2), X**2 < 1), (0, True)),
+        [(p,) for p in (-1e4, -3.0, -0.5, 0.25, 0.75, 2.0, 1e4)],
+    ),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("text, exact, points", UNTAKEN_BRANCHES, ids=[t for t, _, _ in UNTAKEN_BRANCHES])
+def test_untaken_branch_double_backward_is_exact_wherever_the_math_is_finite(text, exact, points, dtype, device):
+    namespace = _exec_module(generate_source(text, "Untaken"), "untaken")
+    symbols = [s for s in (X, Y, _Z) if s in exact.free_symbols]
+    hessian = [[sympy.lambdify(symbols, exact.diff(a, b), modules="mpmath") for b in symbols] for a in symbols]
+    inputs = [torch.tensor(column, dtype=dtype, device=device, requires_grad=True) for column in zip(*points)]
+    gradients = torch.autograd.grad(namespace["untaken"](*inputs).sum(), inputs, create_graph=True)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+    for a, gradient in enumerate(gradients):
+        # (A gradient that is piecewise constant, as x's here, has no graph: its rows are 0.)
+        rows = torch.autograd.grad(gradient.sum(), inputs, retain_graph=True, allow_unused=True) if gradient.requires_grad else [None] * len(inputs)
+        for b, row in enumerate(rows):
+            row = torch.zeros_like(inputs[b]) if row is None else row
+            for k, point in enumerate(zip(*(t.tolist() for t in inputs))):  # as the dtype holds it
+                with mpmath.workdps(DPS):
+                    try:
+                        want = hessian[a][b](*(mpmath.mpf(p) for p in point))
+                    except (ValueError, ZeroDivisionError):
+                        continue
+                if isinstance(want, mpmath.mpc) or not mpmath.isfinite(want):
+                    continue  # not real or not finite there: nothing to match
+                got = row[k].item()
+                assert abs(got - want) <= tolerance * max(1.0, abs(want)), (text, dtype, a, b, point, got, want)
+    if dtype == torch.float64:
+        value = sympy.lambdify(symbols, exact, modules="mpmath")
+        real = [p for p in points if not isinstance(value(*(mpmath.mpf(v) for v in p)), mpmath.mpc)]
+        real_inputs = [torch.tensor(c, dtype=dtype, device=device, requires_grad=True) for c in zip(*real)]
+        assert gradgradcheck(namespace["untaken"], tuple(real_inputs))
 
 
 def _random_expr(rng: random.Random, depth: int) -> sympy.Expr:
