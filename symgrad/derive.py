@@ -225,11 +225,11 @@ def autograd_loses_second_derivatives(
     and 1/expm1(x), log(1 - exp(-x))'s, has exp(x)/expm1(x)**2, inf/inf = nan at x = 100
     (found by a double-backward survey). Where SymPy cannot write autograd's derivative,
     False: it stays autograd's; and so it does, unchecked, beyond the simplification bounds
-    (_beyond_second_derivative_bounds) and with three symbols or more.
+    (_beyond_second_derivative_bounds) and with four symbols or more.
     """
     fixed = fixed or {}
-    if _beyond_second_derivative_bounds(raw) or len((formula.free_symbols | raw.free_symbols) - set(fixed)) > 2:
-        return False  # (three symbols: finite_where_the_math_is does not probe them)
+    if _beyond_second_derivative_bounds(raw) or len((formula.free_symbols | raw.free_symbols) - set(fixed)) > 3:
+        return False  # (four symbols: finite_where_the_math_is does not probe them)
     for symbol in symbols:
         autograd = _autograd_derivative(formula, symbol)
         if autograd is None:
@@ -644,6 +644,8 @@ def _in_float_range(evaluate, largest: float, smallest: float):
 
 
 def _rounded_to_range(fn, largest: float, smallest: float, beyond_probe):
+    largest, smallest = mpmath.mpf(largest), mpmath.mpf(smallest)  # (see probe._guard)
+
     def rounded(*args):
         try:
             value = fn(*args)
@@ -675,6 +677,11 @@ _SECOND_DERIVATIVE_PROBE_MAX = 1e4
 # The probes for two symbols: every pair of REUSE_PROBES would be 1936 points. These keep
 # float32's overflows (from 89 for exp and cosh, 179 for cosh(x/2)) and float64's (710, 1420).
 _PAIR_PROBES = (0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
+# ... and for three, every triple of these (512 points, against 256 for a pair: each costs
+# about 1 ms): products of three reach into float32's overflows from 3*3*3
+# (log(1+exp(x*y*z))'s autograd second derivative is 0 there, the exact one 1e-11) and
+# float64's from 30*30*3.
+_TRIPLE_PROBES = (0.5, 3.0, 30.0, 1e4)
 # A reference value that is finite but cancels beyond the precisions tried (about 2000 bits:
 # at x = 700 the terms of SiLU's simplified second derivative are e**350 times larger, which
 # 512 bits resolve; 2048 bits cover terms up to float64's range).
@@ -707,14 +714,14 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     overflowing terms.
 
     Checked at both signs of the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX (of
-    _PAIR_PROBES, every pair, for two symbols), each rounded to float32 (so the same point in
+    _PAIR_PROBES, every pair, for two symbols; _TRIPLE_PROBES for three), each rounded to float32 (so the same point in
     both formats: x - y is 0 at x = y in either), against ``reference`` evaluated exactly
     (_exact_value), where the reference's own terms stay within float64's range
     (_exact_values); where it cancels beyond the precisions tried, the value need only not
     be nan. Other expressions are not checked (True).
     """
     symbols = tuple(sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name))
-    if not 1 <= len(symbols) <= 2:
+    if not 1 <= len(symbols) <= 3:
         return True
     # As printed: a Removable is a torch.where of its series and its closed form, which mpmath
     # would otherwise evaluate exactly (at 30 more digits) and so never see overflow.
@@ -759,7 +766,7 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     into sigmoid's mpmath exp, which took minutes (found by the fuzz campaign).
     """
     evaluate = real_only(probe_code(symbols, reference))
-    magnitudes = [m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] if len(symbols) == 1 else _PAIR_PROBES
+    magnitudes = ([m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX], _PAIR_PROBES, _TRIPLE_PROBES)[len(symbols) - 1]
     # Rounded to float32, and so exact in float64 too.
     rounded = [mpmath.mpf(struct.unpack("f", struct.pack("f", m))[0]) for m in magnitudes]
     signed = [m * sign for m in rounded for sign in (1, -1)]

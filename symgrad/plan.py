@@ -730,11 +730,11 @@ class _Builder:
         raws = [self.d.raw_gradients[i][j] for i, j in entries]
         # autograd differentiates the outputs through this Function's own backward: the gradients.
         restored = dict(zip(self.names.results, self.d.forward))
-        # The probe covers two symbols at most. Params beyond that are probed at their sample
-        # values (log(1+exp(a*x+b)): at a = b = 0.708), not left unprobed.
+        # The probe covers three symbols at most. Params beyond that are probed at their sample
+        # values (log(1+exp(a*x*y+b)): at a = b = 0.708), not left unprobed.
         symbols_used = set().union(*(raw.free_symbols for raw in raws)) & set(self.inputs + self.params)
         fixed = {}
-        if len(symbols_used) > 2:
+        if len(symbols_used) > 3:
             # (Rational: exp(0.708) as a 15-digit Float would spoil the exact reference.)
             fixed = {p: sympy.Rational(str(v)) for p, v in self.param_samples().items() if p in symbols_used}
         try:
