@@ -930,7 +930,7 @@ def _finite_where_untaken(value: sympy.Expr, safe: dict[sympy.Symbol, sympy.Expr
     symbols = sorted(value.free_symbols, key=sympy.default_sort_key)
     try:
         partials = [value.diff(s).xreplace(safe) for s in symbols]
-    except (TypeError, ValueError, ArithmeticError):
+    except (TypeError, ValueError, ArithmeticError, NotImplementedError):
         return False
     free = sorted(set().union(*(d.free_symbols for d in partials)), key=sympy.default_sort_key)
     if not free:
@@ -950,7 +950,7 @@ def _finite_point(value: sympy.Expr) -> dict[sympy.Symbol, sympy.Expr] | None:
     symbols = sorted(value.free_symbols, key=sympy.default_sort_key)
     try:
         exprs = [value, *(value.diff(s) for s in symbols)]
-    except (TypeError, ValueError, ArithmeticError):
+    except (TypeError, ValueError, ArithmeticError, NotImplementedError):
         return None
     candidates = [(c,) * len(symbols) for c in _SAFE_NUMBERS]
     if len(symbols) <= 3:
@@ -967,8 +967,8 @@ def _moderate_at(exprs: list[sympy.Expr], symbols: list[sympy.Symbol], points) -
     intermediates as torch would compute them)."""
     try:
         evaluate = real_only(probe_code(symbols, exprs))
-    except (TypeError, ValueError, KeyError, NameError, SyntaxError):
-        return False
+    except (TypeError, ValueError, KeyError, NameError, SyntaxError, NotImplementedError):
+        return False  # (not printable for mpmath: an unevaluated Derivative of floor(u), say)
     for point in points:
         try:
             values = evaluate(*point)

@@ -468,6 +468,20 @@ CAMPAIGN_FINDS = [
     ("mean(-(Piecewise((hypot(y, log(z, 1/2)), ((z) - (z)) < ((x) * (2/3))), (x, True))))", 2147483646, "passed"),
     ("sum(Piecewise((Min(Piecewise(((x)**(x), not (((x) < (7)) and ((z) < (7)))), (y, True))), True)))", 528, "passed"),
     ("asin(Piecewise((x, (atan(x)) <= (x) < (((x) >= (x)))), (((0)**3) * (x), True)))", 86, "passed"),
+    # Campaign 4123, in that change itself: a branch's partial derivative SymPy leaves
+    # unevaluated (Derivative(floor(u))) cannot be printed for the probe, which raised (a
+    # crash). Such a branch keeps the linear guard now.
+    (
+        "Piecewise((floor(((1)**(x)) / ((y)**3)), not (not ((y) <= (x)))), (cosh((Min(x)) - (xlogy(3, 1e-3))), True))",
+        876,
+        "SymPy cannot differentiate",
+    ),
+    (
+        "Piecewise((log(erfc(floor(y)), 10), ((erf(y)) + (log(x, 10))) <= (-(Max(y, y, x))) < (Max(digamma(y)))),"
+        " ((tanh(x)) + (y), ((Piecewise((x, True))) + (((2) < (2)))) <= (-(x))), (cos(log((x)**(y), 2)), True)), mean(y)",
+        0,
+        "passed",
+    ),
     # Campaign 4106 (pre-existing): CSE folded output 2, x - 1/2 over 1/2 - x, to -0.5, so
     # forward returned a number and mark_non_differentiable raised (a crash). Refused now.
     ("x, ((((0.5) / (x)) * ((x) - (0.5))) / (-((x) - (0.5)))) * (x)", 1, "output 2 is constant (-0.5) wherever it is defined"),
