@@ -290,6 +290,7 @@ class _Builder:
         self.fused_terms = False
         # Set by backward where double backward needs a Function of its own.
         self.second: SecondDerivative | None = None
+        self.second_symbols: dict[tuple[int, int], sympy.Dummy] = {}  # its derivatives, by entry
         self.second_identities: set[str] = set()
 
     def ctx_ref(self, attribute: str) -> str:
@@ -465,14 +466,16 @@ class _Builder:
         # params: they may be tensors.) An operation between two of them is no pass over memory.
         scalars = frozenset(g for g, out in zip(self.names.grad_outputs, self.outputs) if out.reduction)
 
-        def call(kind: str, body: Method, args: str) -> str:
+        def call(kind: str, body: Method, args: str, runs: Method | None = None) -> str:
             """The body's call: through the runner, or direct where compiling cannot pay or
-            would be inaccurate."""
-            name, reason = names[kind], _eager_reason(body, scalars)
+            would be inaccurate. ``runs``: what the body runs, where that is more than its own
+            lines (a Function it calls)."""
+            runs = runs or body
+            name, reason = names[kind], _eager_reason(runs, scalars)
             bodies.append((kind, name, reason))
             if reason is not None:
                 return f"{name}({args})"
-            return f"{runner}({name}, {args}, operations={eager_operations(body, scalars)})"
+            return f"{runner}({name}, {args}, operations={eager_operations(runs, scalars)})"
 
         forward, _ = pure(self.forward, self.forward_params())
         forward_call = Method(self.forward_params(), (), call("forward", forward, ", ".join(self.forward_params())))
@@ -497,10 +500,14 @@ class _Builder:
 
         fixed = self.names.tangents + tuple(values)
         jvp, ctx_args = pure(lambda: self.jvp(saved, with_unpack=False), fixed)
+        # A jvp that calls SecondDerivative runs its forward too, compiled along (Dynamo traces
+        # the Function): its operations count, and its functions must be ones inductor
+        # computes accurately.
+        runs = Method(jvp.params, (*self.second.forward.lines, *jvp.lines), jvp.returns) if self.second_symbols else None
         jvp_call = Method(
             ("ctx",) + self.names.tangents,
             tuple(self.unpack_saved(saved)),
-            call("jvp", jvp, ", ".join(fixed + ctx_args)),
+            call("jvp", jvp, ", ".join(fixed + ctx_args), runs),
         )
         plan = Fused(
             runner=runner,
@@ -895,6 +902,7 @@ class _Builder:
         self.second = second
         symbols = {entry: sympy.Dummy(name) for entry, name in zip(second.entries, second.derivatives)}
         self.names.symbols.update({symbols[entry]: name for entry, name in zip(second.entries, second.derivatives)})
+        self.second_symbols = symbols
         lines = ["if torch.is_grad_enabled():", *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT)]
         targets = _unpack(second.derivatives) if len(symbols) > 1 else second.derivatives[0]
         lines.append(f"{INDENT}{targets} = {second.class_name}.apply({', '.join(second.inputs + second.params)})")
@@ -1008,7 +1016,18 @@ class _Builder:
     def jvp(self, saved: list[sympy.Symbol], with_unpack: bool = True) -> Method:
         lines = self.unpack_saved(saved) if with_unpack else []
         entries = [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
-        exprs = [self.rows[i][j] for i, j in entries]
+        # Reverse mode over this jvp (torch.func.jacrev of jacfwd) differentiates its formulas
+        # as they stand, and jvp cannot tell when (torch.func hides requires_grad here): so
+        # they take the forms whose derivatives are right. The derivatives SecondDerivative
+        # serves come from it, whose backward is exact (autograd's derivative of softplus's
+        # sigmoid(x) is 0 at x = 20 in float32); the others take differentiable_form (tanh's
+        # 1/cosh(x)**2 had a nan derivative from |x| = 90).
+        exprs = [self.second_symbols.get((i, j), differentiable_form(self.rows[i][j])) for i, j in entries]
+        if self.second_symbols:
+            second = self.second
+            targets = _unpack(second.derivatives) if len(second.derivatives) > 1 else second.derivatives[0]
+            lines.append("# Exact in reverse mode too (torch.func.jacrev of jacfwd differentiates this jvp).")
+            lines.append(f"{targets} = {second.class_name}.apply({', '.join(second.inputs + second.params)})")
         temps, reduced = self.cse(exprs)
         # A saved tensor is always there; a tangent may be None, but not all of them are.
         if saved:
