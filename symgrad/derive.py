@@ -677,10 +677,9 @@ _SECOND_DERIVATIVE_PROBE_MAX = 1e4
 # The probes for two symbols: every pair of REUSE_PROBES would be 1936 points. These keep
 # float32's overflows (from 89 for exp and cosh, 179 for cosh(x/2)) and float64's (710, 1420).
 _PAIR_PROBES = (0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
-# ... and for three, every triple of these (512 points, against 256 for a pair: each costs
-# about 1 ms): products of three reach into float32's overflows from 3*3*3
-# (log(1+exp(x*y*z))'s autograd second derivative is 0 there, the exact one 1e-11) and
-# float64's from 30*30*3.
+# ... and for three, every triple of these (512 points, against 256 for a pair): products
+# of three reach into float32's overflows from 3*3*3 (log(1+exp(x*y*z))'s autograd second
+# derivative is 0 there, the exact one 1e-11) and float64's from 30*30*3.
 _TRIPLE_PROBES = (0.5, 3.0, 30.0, 1e4)
 # A reference value that is finite but cancels beyond the precisions tried (about 2000 bits:
 # at x = 700 the terms of SiLU's simplified second derivative are e**350 times larger, which
@@ -714,11 +713,12 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     overflowing terms.
 
     Checked at both signs of the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX (of
-    _PAIR_PROBES, every pair, for two symbols; _TRIPLE_PROBES for three), each rounded to float32 (so the same point in
-    both formats: x - y is 0 at x = y in either), against ``reference`` evaluated exactly
-    (_exact_value), where the reference's own terms stay within float64's range
-    (_exact_values); where it cancels beyond the precisions tried, the value need only not
-    be nan. Other expressions are not checked (True).
+    _PAIR_PROBES, every pair, for two symbols; of _TRIPLE_PROBES, every triple, for three),
+    each rounded to float32 (so the same point in both formats: x - y is 0 at x = y in
+    either), against ``reference`` evaluated exactly (_exact_value), where the reference's
+    own terms stay within float64's range (_exact_values); where it cancels beyond the
+    precisions tried, the value need only not be nan. Other expressions are not checked
+    (True).
     """
     symbols = tuple(sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name))
     if not 1 <= len(symbols) <= 3:

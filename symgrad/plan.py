@@ -503,7 +503,11 @@ class _Builder:
         # A jvp that calls SecondDerivative runs its forward too, compiled along (Dynamo traces
         # the Function): its operations count, and its functions must be ones inductor
         # computes accurately.
-        runs = Method(jvp.params, (*self.second.forward.lines, *jvp.lines), jvp.returns) if self.second_symbols else None
+        if self.second_symbols:
+            second_forward = (*self.second.forward.lines, f"_ = {self.second.forward.returns}")
+            runs = Method(jvp.params, (*second_forward, *jvp.lines), jvp.returns)
+        else:
+            runs = None
         jvp_call = Method(
             ("ctx",) + self.names.tangents,
             tuple(self.unpack_saved(saved)),
@@ -1022,6 +1026,8 @@ class _Builder:
         # serves come from it, whose backward is exact (autograd's derivative of softplus's
         # sigmoid(x) is 0 at x = 20 in float32); the others take differentiable_form (tanh's
         # 1/cosh(x)**2 had a nan derivative from |x| = 90).
+        # (second_symbols is set by create_graph_branch: backward is built first, in build()
+        # and fused() alike.)
         exprs = [self.second_symbols.get((i, j), differentiable_form(self.rows[i][j])) for i, j in entries]
         if self.second_symbols:
             second = self.second

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import itertools
 
+import mpmath
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
@@ -901,80 +902,99 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic) -> sympy.Expr:
     nonlinear condition), every symbol of the branch is guarded by a number instead, a
     point found by probing where the branch and its partial derivatives are finite (found
     by the fuzz campaign's gradgradcheck: double backward multiplied where's zero by their
-    nan).
+    nan). Where no point tried passes, where SymPy cannot differentiate the branch into
+    something the probe can evaluate, or on a branch of over _GUARD_PROBE_MAX_OPS
+    operations, the linear guards stay.
     """
-    symbols = sorted(value.free_symbols & taken.free_symbols, key=sympy.default_sort_key)
+    bounded = sorted(value.free_symbols & taken.free_symbols, key=sympy.default_sort_key)
     relations = taken.args if isinstance(taken, sympy.And) else (taken,)
     replacements: dict[sympy.Symbol, sympy.Expr] = {}
-    for s in symbols:
+    for s in bounded:
         if any(s in r.free_symbols and r.free_symbols & set(replacements) for r in relations):
             continue
         safe = _safe_point(s, taken)
         if safe is not None:
             replacements[s] = guard(s, taken, safe)
-    if not _finite_where_untaken(value, {s: g.args[2] for s, g in replacements.items()}):
-        point = _finite_point(value)
-        if point is not None:
-            replacements = {s: guard(s, taken, p) for s, p in point.items()}
-    return value.xreplace(replacements) if replacements else value
+    linear = value.xreplace(replacements) if replacements else value
+    if sympy.count_ops(value) > _GUARD_PROBE_MAX_OPS:
+        return linear
+    symbols = sorted(value.free_symbols, key=sympy.default_sort_key)
+    try:
+        partials = [value.diff(s) for s in symbols]
+    except (TypeError, ValueError, ArithmeticError, NotImplementedError):
+        return linear
+    # One evaluator of the branch and its partials serves both probes where no linear guard
+    # changed them (lambdify costs tens of ms a call on a second derivative's branch).
+    branch = _evaluator([value, *partials], symbols)
+    safe = {s: g.args[2] for s, g in replacements.items()}
+    if _finite_where_untaken(partials, safe, None if safe else branch):
+        return linear
+    point = _finite_point(branch, symbols)
+    if point is None:
+        return linear
+    return value.xreplace({s: guard(s, taken, p) for s, p in zip(symbols, point)})
 
 
-def _finite_where_untaken(value: sympy.Expr, safe: dict[sympy.Symbol, sympy.Expr]) -> bool:
-    """Whether ``value``'s partial derivatives, with ``safe`` substituted, are finite and
-    moderate at every point of _UNTAKEN_PROBES in the symbols left free.
+def _finite_where_untaken(partials: list[sympy.Expr], safe: dict[sympy.Symbol, sympy.Expr], branch=None) -> bool:
+    """Whether a branch's ``partials`` (its partial derivatives), with ``safe`` substituted,
+    are finite and moderate at every point of _UNTAKEN_PROBES_PER_COUNT in the symbols left
+    free. ``branch``: an _evaluator of the branch and its partials, to use where ``safe``
+    is empty (the branch's value it computes first is not checked).
 
     What leaks into double backward through where's zero is the untaken branch's local
     derivatives (0 * nan), not its value: ``log(y)`` at y < 0 is nan, and its derivative
-    ``1/y`` finite.
+    ``1/y`` finite. (Strictly it is the derivatives of the formulas that compute the
+    partials, which may be singular where the partials are finite, ``|z|**(3/2)``'s at 0:
+    the partials stand in for them.)
     """
-    symbols = sorted(value.free_symbols, key=sympy.default_sort_key)
-    try:
-        partials = [value.diff(s).xreplace(safe) for s in symbols]
-    except (TypeError, ValueError, ArithmeticError, NotImplementedError):
-        return False
+    partials = [d.xreplace(safe) for d in partials]
     free = sorted(set().union(*(d.free_symbols for d in partials)), key=sympy.default_sort_key)
-    if not free:
-        return _moderate_at(partials, [], [()])
     if len(free) > len(_UNTAKEN_PROBES_PER_COUNT):
         return False
-    return _moderate_at(partials, free, itertools.product(_UNTAKEN_PROBES_PER_COUNT[len(free) - 1], repeat=len(free)))
+    points = itertools.product(_UNTAKEN_PROBES_PER_COUNT[len(free) - 1], repeat=len(free)) if free else [()]
+    if branch is not None and not safe:
+        # (Its symbols are all free, in the same order: the branch's own symbols.)
+        return _moderate_at(branch, points, skip=1)
+    return _moderate_at(_evaluator(partials, free), points)
 
 
-def _finite_point(value: sympy.Expr) -> dict[sympy.Symbol, sympy.Expr] | None:
-    """A point, a number for each symbol of ``value``, at which ``value`` and its partial
-    derivatives are finite and moderate; None if the few points tried all fail.
+def _finite_point(branch, symbols: list[sympy.Symbol]) -> tuple[sympy.Expr, ...] | None:
+    """A point, a number for each of ``symbols``, at which ``branch`` (an _evaluator of a
+    branch and its partial derivatives) gives finite and moderate values; None if the few
+    points tried all fail.
 
     Tried in order: every symbol at the same number of _SAFE_NUMBERS, then (up to three
-    symbols) combinations of the first four, so that ``log(x - y)`` finds x = 1, y = 1/2.
+    symbols) combinations of the first four, so that ``log(x - y)``, singular wherever x =
+    y, finds x = 3/2, y = 1/2.
     """
-    symbols = sorted(value.free_symbols, key=sympy.default_sort_key)
-    try:
-        exprs = [value, *(value.diff(s) for s in symbols)]
-    except (TypeError, ValueError, ArithmeticError, NotImplementedError):
-        return None
     candidates = [(c,) * len(symbols) for c in _SAFE_NUMBERS]
     if len(symbols) <= 3:
         candidates += [p for p in itertools.product(_SAFE_NUMBERS[:4], repeat=len(symbols)) if len(set(p)) > 1]
-    for point in candidates:
-        if _moderate_at(exprs, symbols, [point]):
-            return dict(zip(symbols, point))
-    return None
+    return next((point for point in candidates if _moderate_at(branch, [point])), None)
 
 
-def _moderate_at(exprs: list[sympy.Expr], symbols: list[sympy.Symbol], points) -> bool:
-    """Whether every expression is real, finite and at most _UNTAKEN_MAX_ABS in size at
-    every point, evaluated exactly (mpmath, refusing complex and float64-overflowing
-    intermediates as torch would compute them)."""
+def _evaluator(exprs: list[sympy.Expr], symbols: list[sympy.Symbol]):
+    """``exprs`` as one mpmath function of ``symbols`` that refuses complex and
+    float64-overflowing intermediates, as torch would compute them; None where they cannot
+    be printed for mpmath (an unevaluated Derivative of floor(u), say). Made once per
+    branch: lambdify costs about 20 ms, far more than an evaluation."""
     try:
-        evaluate = real_only(probe_code(symbols, exprs))
+        return real_only(probe_code(symbols, exprs))
     except (TypeError, ValueError, KeyError, NameError, SyntaxError, NotImplementedError):
-        return False  # (not printable for mpmath: an unevaluated Derivative of floor(u), say)
+        return None
+
+
+def _moderate_at(evaluate, points, skip: int = 0) -> bool:
+    """Whether ``evaluate`` (an _evaluator) gives values that are all real, finite and at
+    most _UNTAKEN_MAX_ABS in size at every point (all but the first ``skip`` of them)."""
+    if evaluate is None:
+        return False
     for point in points:
         try:
             values = evaluate(*point)
-        except (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError):
+        except (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError, mpmath.libmp.NoConvergence):
             return False
-        for v in values:
+        for v in values[skip:]:
             try:
                 number = complex(v)
             except (TypeError, ValueError):
@@ -984,10 +1004,15 @@ def _moderate_at(exprs: list[sympy.Expr], symbols: list[sympy.Symbol], points) -
     return True
 
 
+# Branches larger than this keep the linear guards unprobed: differentiating and printing
+# them for the probe took 0.2-0.4 s each on a second derivative's branches of 50-90
+# operations (a three-input Piecewise took 6 s to generate, against 1.5 s unprobed). The
+# bound is the simplification bound (derive.SIMPLIFY_MAX_OPS).
+_GUARD_PROBE_MAX_OPS = 40
 # Where a branch is not taken, its symbols may hold any value: these are the probes, per
-# count of symbols left free (1, 2, 3; more are guarded without probing). The large ones
-# are where float32's exp and cosh overflow (from 89), 0 where powers and logs are
-# singular.
+# count of symbols left free (1, 2, 3; with more, the branch takes a probed point without
+# trying the linear bounds). The large ones are where float32's exp and cosh overflow
+# (from 89), 0 where powers and logs are singular.
 _UNTAKEN_PROBES_PER_COUNT = (
     (-1e4, -100.0, -3.0, -0.5, 0.0, 0.5, 3.0, 100.0, 1e4),
     (-100.0, -0.5, 0.0, 0.5, 100.0),

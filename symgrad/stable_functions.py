@@ -358,8 +358,9 @@ class xlogy(StableFunction):  # noqa: N801
 
 
 class guard(StableFunction):  # noqa: N801
-    """``x`` where ``cond`` holds, else ``safe`` (a value of ``x`` at which ``cond`` holds;
-    a number, or an expression in the other symbols of ``cond``).
+    """``x`` where ``cond`` holds, else ``safe`` (a value of ``x`` at which the guarded
+    expression is finite: one at which ``cond`` holds, a number or an expression in the
+    other symbols of ``cond``, or a number found by probing).
 
     Substituted for a symbol inside a Piecewise branch, it keeps that branch finite
     where it is not taken, so ``torch.where``'s backward multiplies zeros by finite

@@ -10,6 +10,7 @@ options that cannot be fused are refused.
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 
 import mpmath
@@ -325,6 +326,27 @@ def test_value_body_with_an_inaccurate_inductor_call_runs_eagerly(tmp_path):
     want = torch.full_like(x, 1e-6 * 1.0000005e-6)
     torch.testing.assert_close(y, want, rtol=1e-6, atol=0)
     assert module._COMPILED == {}
+
+
+def test_jvp_calling_an_inaccurate_inductor_function_through_its_derivative_runs_eagerly(tmp_path):
+    """A jvp takes its derivatives from SecondDerivative (exact in reverse mode), whose
+    forward runs inside the jvp body: log(1-exp(-x))'s is 1/expm1(x), so the body runs
+    eagerly, as one calling expm1 itself does (it compiled, 5% off at x = 1e-6 in float32;
+    found in review). Its operations count the Function's forward too."""
+    import torch.autograd.forward_ad as forward_ad
+
+    module = _fresh_module(tmp_path, "log(1-exp(-x))", "Log1mexpJvp")
+    source = open(module.__file__).read()
+    assert "_Log1mexpJvpDerivative.apply(x)" in source
+    assert "return _log1mexp_jvp_jvp(x_tangent, x)" in source
+    x = torch.full((200_000,), 1e-6, dtype=torch.float32)
+    with forward_ad.dual_level():
+        tangent = forward_ad.unpack_dual(module.log1mexp_jvp(forward_ad.make_dual(x, torch.ones_like(x)))).tangent
+    want = 1 / math.expm1(x[0].item())  # (the float32 point, exactly)
+    torch.testing.assert_close(tangent, torch.full_like(x, want), rtol=1e-6, atol=0)
+    assert module._log1mexp_jvp_jvp not in module._COMPILED
+    mish = _fresh_module(tmp_path, "x*tanh(log(1+exp(x)))", "MishJvp")
+    assert "_MishJvpDerivative.apply(x)" in open(mish.__file__).read() and _operations(mish, "mish_jvp_jvp") > 10
 
 
 @pytest.mark.parametrize("limit", [0, 2**17])

@@ -223,7 +223,7 @@ def load(case: Case, directory, save: str = "memory", fuse: bool = False, small_
     except SymgradError:
         if _derive_pi_bug():
             pytest.xfail(
-                "known bug in derive.py (owned elsewhere, reported): the sampling probe's _real_only"
+                "known bug in symgrad (owned elsewhere, reported): the sampling probe's probe.real_only"
                 " wraps mpmath.pi, a callable constant, so every expression whose derivative has pi"
                 " (erf: GELU) fails with 'could not find an interval'"
             )
@@ -1456,7 +1456,7 @@ _PARAM_AND_OUTPUT_CASES = {
         lambda x: _mp_softplus(x / 2) * 2 + _mp_softplus(3 * x) / 3,
         "Derivative.apply(x, beta)",
     ),
-    # Three symbols: the probe fixes the params at their sample values (0.708); these differ.
+    # Three symbols, all probed (a triple); these values are not the probe's.
     "softplus_affine": (
         "log(1+exp(a*x+b))", ["a", "b"],
         lambda f, x: f(x, 2.0, -3.0).sum(),
@@ -1496,12 +1496,16 @@ def test_second_derivative_function_with_params_and_several_outputs(name, dtype,
     x = torch.tensor(SECOND_DERIVATIVE_POINTS, dtype=dtype, device=device, requires_grad=True)
     (g,) = torch.autograd.grad(total(function, x), x, create_graph=True)
     (gg,) = torch.autograd.grad(g.sum(), x)
+    # Reverse over forward too: the jvp takes its derivatives from the Function.
+    scalar = lambda t: total(function, t)  # noqa: E731
+    reverse_over_forward = torch.func.jacrev(torch.func.jacfwd(scalar))(x.detach()).diagonal()
     bad = []
-    for point, got in zip(SECOND_DERIVATIVE_POINTS, gg.tolist()):
+    for point, got, other in zip(SECOND_DERIVATIVE_POINTS, gg.tolist(), reverse_over_forward.tolist()):
         with mpmath.workdps(400):
             want = mpmath.diff(exact, mpmath.mpf(point), 2)
-        if abs(want) <= torch.finfo(dtype).max and rel_error(got, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
-            bad.append((point, got, float(want)))
+        if abs(want) <= torch.finfo(dtype).max:
+            bad += [(point, how, value, float(want)) for how, value in (("double backward", got), ("reverse over forward", other))
+                    if rel_error(value, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]]
     assert not bad, f"{name} ({dtype}, fused={fuse}): second derivative off at {bad}"
 
 
@@ -1523,6 +1527,8 @@ def test_second_derivative_function_with_params_and_several_outputs_in_torch_fun
     forward_over_reverse = torch.func.jacfwd(torch.func.jacrev(scalar))(x.detach())
     reverse_over_reverse = torch.func.jacrev(torch.func.jacrev(scalar))(x.detach())
     torch.testing.assert_close(forward_over_reverse, reverse_over_reverse)
+    reverse_over_forward = torch.func.jacrev(torch.func.jacfwd(scalar))(x.detach())
+    torch.testing.assert_close(reverse_over_forward, reverse_over_reverse)
 
 
 def test_second_derivative_function_of_two_inputs():
@@ -1558,6 +1564,27 @@ def test_second_derivative_function_skips_absent_cotangents(device):
             got = row[j][n].item()
             if abs(got) != math.inf:
                 assert rel_error(got, want, torch.float32) <= SECOND_DERIVATIVE_RTOL[torch.float32], (point, j, got, want)
+
+
+def test_reverse_over_forward_with_one_tangent_of_two(device):
+    """jacrev of jacfwd by one input leaves the jvp's other tangent None: Blend's jvp takes
+    both derivatives from its Function and skips the absent term. Each row matches reverse
+    over reverse wherever that is finite, in float32 at extreme points."""
+    from generated.blend import blend
+
+    values = [-100.0, -20.0, 0.5, 20.0, 1e4]
+    x, y = (torch.tensor(column, device=device) for column in zip(*[(a, b) for a in values for b in values]))
+
+    def total(a, b):
+        return blend(a, b, 0.708).sum()
+
+    reverse_over_reverse = torch.func.jacrev(torch.func.jacrev(total, argnums=(0, 1)), argnums=(0, 1))(x, y)
+    for argnum in (0, 1):
+        row = torch.func.jacrev(torch.func.jacfwd(total, argnums=argnum), argnums=(0, 1))(x, y)
+        for got, want in zip(row, reverse_over_reverse[argnum]):
+            finite = torch.isfinite(want)
+            assert not torch.isnan(got[finite]).any()
+            torch.testing.assert_close(got[finite], want[finite], rtol=1e-4, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -1642,13 +1669,13 @@ def test_two_input_second_derivatives_match_exact_math(name, dtype, save, gen_di
 # symbols: autograd's derivative of log(1+exp(x*y*z))'s sigmoid was 0 at x*y*z = 50 in
 # float32 (120 of 9000 Hessian entries off; 72 in float64), and the 3-d norm's cancelled
 # to 1e-3 off (280 entries in float32). Checked at every triple of TRIPLE_VALUES, which
-# are not the probe's points.
+# are not the probe's points (derive._TRIPLE_PROBES).
 _XYZ = sympy.symbols("x y z", real=True)
 _THREE_INPUT_SECOND_DERIVATIVE_CASES = {
     "log(1+exp(x*y*z))": sympy.log(1 + sympy.exp(_XYZ[0] * _XYZ[1] * _XYZ[2])),
     "sqrt(x**2+y**2+z**2)": sympy.sqrt(_XYZ[0] ** 2 + _XYZ[1] ** 2 + _XYZ[2] ** 2),
 }
-TRIPLE_VALUES = [-1e-8, 0.5, -3.0, 20.0, -50.0, 100.0, 1e4]
+TRIPLE_VALUES = [-1e-8, 0.7, -2.5, 20.0, -50.0, 100.0, 7e3]
 
 
 @functools.lru_cache(maxsize=None)
@@ -1688,6 +1715,9 @@ def test_three_input_second_derivatives_match_exact_math(text, dtype, save, devi
         for argnum in range(3):
             column = torch.func.jacfwd(torch.func.jacrev(total, argnums=(0, 1, 2)), argnums=argnum)(*(t.detach() for t in generic))
             torch.testing.assert_close(column, tuple(row[argnum] for row in reverse_over_reverse))
+            # Reverse over forward, one tangent given (the jvp's others are None).
+            row = torch.func.jacrev(torch.func.jacfwd(total, argnums=argnum), argnums=(0, 1, 2))(*(t.detach() for t in generic))
+            torch.testing.assert_close(row, reverse_over_reverse[argnum])
 
 
 @pytest.mark.parametrize("name", ["softplus", "log1mexp", "mish"])
