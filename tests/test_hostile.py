@@ -233,8 +233,8 @@ def _forty_terms() -> str:
 
 @pytest.mark.parametrize("save", ["memory", "speed"])
 def test_forty_term_expression_generates_in_bounded_time(save, tmp_path):
-    """Simplification is cost-guarded: this generates in seconds (about 7 s and 9 s on the
-    2-core CI machine); the guard only detects a hang, it asserts no time."""
+    """Simplification is cost-guarded: this generates in seconds (about 11 s and 19 s on a
+    2-core machine like CI's); the guard only detects a hang, it asserts no time."""
     with hang_guard(180):
         source = symgrad.generate_source(_forty_terms(), "Forty", save=save)
     assert "class Forty(" in source
