@@ -908,8 +908,7 @@ class _Builder:
         self.names.symbols.update({symbols[entry]: name for entry, name in zip(second.entries, second.derivatives)})
         self.second_symbols = symbols
         lines = ["if torch.is_grad_enabled():", *(INDENT + line for line in _SECOND_DERIVATIVE_COMMENT)]
-        targets = _unpack(second.derivatives) if len(symbols) > 1 else second.derivatives[0]
-        lines.append(f"{INDENT}{targets} = {second.class_name}.apply({', '.join(second.inputs + second.params)})")
+        lines.append(INDENT + self.second_derivative_call())
         self.reference = self.names.grad_outputs[entries[0][0]]
         # A formula the Function leaves out is printed as it stands; a torch function may need
         # a number param as a tensor there.
@@ -928,6 +927,12 @@ class _Builder:
             lines += [f"{INDENT}if ctx.needs_input_grad[{j}]:", f"{INDENT * 2}{grad} = {' + '.join(terms)}"]
         lines.append(f"{INDENT}return {', '.join(self.names.grads + ('None',) * len(self.params))}")
         return lines
+
+    def second_derivative_call(self) -> str:
+        """The line that gets the derivatives SecondDerivative returns, by their names."""
+        second = self.second
+        targets = _unpack(second.derivatives) if len(second.derivatives) > 1 else second.derivatives[0]
+        return f"{targets} = {second.class_name}.apply({', '.join(second.inputs + second.params)})"
 
     def first_order_kernel(self, j: int) -> str | None:
         """The call of an ATen backward kernel (symgrad.kernels) that computes input ``j``'s
@@ -1030,10 +1035,8 @@ class _Builder:
         # and fused() alike.)
         exprs = [self.second_symbols.get((i, j), differentiable_form(self.rows[i][j])) for i, j in entries]
         if self.second_symbols:
-            second = self.second
-            targets = _unpack(second.derivatives) if len(second.derivatives) > 1 else second.derivatives[0]
             lines.append("# Exact in reverse mode too (torch.func.jacrev of jacfwd differentiates this jvp).")
-            lines.append(f"{targets} = {second.class_name}.apply({', '.join(second.inputs + second.params)})")
+            lines.append(self.second_derivative_call())
         temps, reduced = self.cse(exprs)
         # A saved tensor is always there; a tangent may be None, but not all of them are.
         if saved:
