@@ -923,6 +923,11 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic) -> sympy.Expr:
         partials = [value.diff(s) for s in symbols]
     except (TypeError, ValueError, ArithmeticError, NotImplementedError):
         return linear
+    if any(d.has(sympy.Derivative) for d in partials):
+        # SymPy left one unevaluated (ceiling's): the probe cannot evaluate it, and putting
+        # a number in for the symbol raised ("can't calculate derivative wrt 4", found by
+        # fuzz campaign 4125).
+        return linear
     # One evaluator of the branch and its partials serves both probes where no linear guard
     # changed them (lambdify costs tens of ms a call on a second derivative's branch).
     branch = _evaluator([value, *partials], symbols)
@@ -947,7 +952,10 @@ def _finite_where_untaken(partials: list[sympy.Expr], safe: dict[sympy.Symbol, s
     partials, which may be singular where the partials are finite, ``|z|**(3/2)``'s at 0:
     the partials stand in for them.)
     """
-    partials = [d.xreplace(safe) for d in partials]
+    try:
+        partials = [d.xreplace(safe) for d in partials]
+    except (TypeError, ValueError, ArithmeticError):
+        return False
     free = sorted(set().union(*(d.free_symbols for d in partials)), key=sympy.default_sort_key)
     if len(free) > len(_UNTAKEN_PROBES_PER_COUNT):
         return False

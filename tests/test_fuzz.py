@@ -482,6 +482,21 @@ CAMPAIGN_FINDS = [
         0,
         "passed",
     ),
+    # Campaign 4125, in the same change: a partial derivative SymPy leaves unevaluated
+    # (Derivative(ceiling(x), x)) raised ValueError when the probe put a number in for x (a
+    # crash). Such a branch keeps the linear guards.
+    (
+        "(Piecewise((ceiling(x), not ((not (((x) >= (x)) and ((3) < (x)))) and ((1e-3) > (0)))),"
+        " ((acos(x)) + (acos(y)), True))) + ((x) + (y))",
+        0,
+        "could not find an interval",
+    ),
+    (
+        "sum((Piecewise((ceiling(x), not (((x) >= (x)) and ((3) < (x)))), (1e-3, ((2) / (y)) < ((y)**(y)) < (x)),"
+        " (log(((y) > (1/2)), 2), True))) * ((-(y))**(-1)))",
+        27751,
+        "passed",
+    ),
     # Campaign 4106 (pre-existing): CSE folded output 2, x - 1/2 over 1/2 - x, to -0.5, so
     # forward returned a number and mark_non_differentiable raised (a crash). Refused now.
     ("x, ((((0.5) / (x)) * ((x) - (0.5))) / (-((x) - (0.5)))) * (x)", 1, "output 2 is constant (-0.5) wherever it is defined"),
