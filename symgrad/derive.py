@@ -16,7 +16,7 @@ from .errors import SymgradError
 from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
-from .probe import FLOAT64_MAX, probe_code, real_only, wrap_probe_calls
+from .probe import FLOAT64_MAX, moderate, probe_code, real_only, wrap_probe_calls
 from .stable import stabilize
 from .stable_functions import TaylorPolynomial, expand_functions, sigmoid, softplus, to_elementary
 
@@ -1333,11 +1333,6 @@ def _all_moderate(evaluate, intervals: list[tuple[float, float]]) -> bool:
         except (ArithmeticError, ValueError, TypeError, AttributeError):
             # (mpmath raises AttributeError for e.g. atan2 of a complex intermediate)
             return False
-        for value in values:
-            try:
-                real = complex(value)
-            except (TypeError, ValueError):
-                return False
-            if real.imag != 0 or not math.isfinite(real.real) or abs(real.real) > largest:
-                return False
+        if not all(moderate(value, largest) for value in values):
+            return False
     return True

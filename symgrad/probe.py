@@ -7,6 +7,7 @@ evaluate candidate forms at chosen points; this is the one evaluator they share.
 
 from __future__ import annotations
 
+import math
 import types
 
 import mpmath
@@ -181,3 +182,12 @@ def _real_result(fn):
         return value
 
     return real
+
+
+def moderate(value, largest: float) -> bool:
+    """Whether a probe's ``value`` is real, finite and at most ``largest`` in size."""
+    try:
+        number = complex(value)
+    except (TypeError, ValueError):
+        return False
+    return number.imag == 0 and math.isfinite(number.real) and abs(number.real) <= largest

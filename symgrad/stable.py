@@ -58,7 +58,7 @@ import mpmath
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
-from .probe import probe_code, real_only
+from .probe import moderate, probe_code, real_only
 from .stable_functions import (
     Removable,
     guard,
@@ -1002,13 +1002,8 @@ def _moderate_at(evaluate, points, skip: int = 0) -> bool:
             values = evaluate(*point)
         except (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError, mpmath.libmp.NoConvergence):
             return False
-        for v in values[skip:]:
-            try:
-                number = complex(v)
-            except (TypeError, ValueError):
-                return False
-            if number.imag != 0 or not abs(number.real) <= _UNTAKEN_MAX_ABS:
-                return False
+        if not all(moderate(value, _UNTAKEN_MAX_ABS) for value in values[skip:]):
+            return False
     return True
 
 
