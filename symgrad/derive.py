@@ -17,7 +17,7 @@ from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .probe import FLOAT64_MAX, moderate, probe_code, real_only, wrap_probe_calls
-from .stable import stabilize
+from .stable import real_abs_powers, stabilize
 from .stable_functions import TaylorPolynomial, expand_functions, sigmoid, softplus, to_elementary
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
@@ -115,7 +115,7 @@ def derive(parsed: Parsed) -> Derivation:
             raise SymgradError(f"{where} is constant ({folded}) for every input, so it has no gradient")
     raw = tuple(
         tuple(
-            surrogates[symbol] if symbol in surrogates else cheapest_form(_differentiate(out.expr, symbol))
+            surrogates[symbol] if symbol in surrogates else real_abs_powers(cheapest_form(_differentiate(out.expr, symbol)))
             for symbol in parsed.inputs
         )
         for out in parsed.outputs
@@ -234,7 +234,8 @@ def autograd_loses_second_derivatives(
         autograd = _autograd_derivative(formula, symbol)
         if autograd is None:
             return False
-        if not finite_where_the_math_is(autograd.xreplace(fixed), _differentiate(raw, symbol).xreplace(fixed)):
+        exact = _differentiate(raw, symbol).xreplace(fixed)
+        if not finite_where_the_math_is(autograd.xreplace(fixed), exact, leaking=True):
             return True
     return False
 
@@ -687,6 +688,14 @@ _TRIPLE_PROBES = (0.5, 3.0, 30.0, 1e4)
 _UNRESOLVED = object()
 
 
+def _as_mpf(value):
+    """A probe's value as an mpf where it is a Python number: a Piecewise branch that is a
+    constant evaluates to the int 1, and such points were skipped as not real (the untaken
+    branch of Piecewise((sqrt(y - 100), x > 0), (y, True))'s derivative by y was never
+    probed where x <= 0)."""
+    return mpmath.mpf(value) if isinstance(value, (int, float)) else value
+
+
 def _exact_value(evaluate, point):
     """The value at ``point``, at a precision that two evaluations agree on (to about 40
     bits); _UNRESOLVED where they never agree but are finite; None where it is not a
@@ -695,7 +704,7 @@ def _exact_value(evaluate, point):
     for bits in (64, 128, 512, 2048):
         try:
             with mpmath.workprec(bits):
-                value = evaluate(*point)
+                value = _as_mpf(evaluate(*point))
         except _PROBE_FAILURES:
             return None
         if not (isinstance(value, mpmath.mpf) and mpmath.isfinite(value)):
@@ -706,11 +715,12 @@ def _exact_value(evaluate, point):
     return _UNRESOLVED
 
 
-def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
+def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr, leaking: bool = False) -> bool:
     """Whether ``candidate`` (equal to ``reference``) computes a value that is not nan, and
     not far off the exact one where finite, in float32 and float64 arithmetic wherever that
     exact value is finite and in the format's range: no inf/inf, inf*0 or cancellation of
-    overflowing terms.
+    overflowing terms. ``leaking``: ``candidate`` is autograd's derivative, whose Piecewise
+    is nan where an untaken branch is not finite (probe.probe_code).
 
     Checked at both signs of the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX (of
     _PAIR_PROBES, every pair, for two symbols; of _TRIPLE_PROBES, every triple, for three
@@ -733,7 +743,9 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     candidate = _as_printed(candidate)
     try:
         exact_values = _exact_values(reference, symbols)
-        in_formats = [_in_float_range(probe_code(symbols, candidate), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS]
+        in_formats = [
+            _in_float_range(probe_code(symbols, candidate, leaking), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS
+        ]
     except (TypeError, ValueError, KeyError):
         return True  # not printable for mpmath: left to the stability tests, as before
     for point, exact in exact_values:
@@ -742,7 +754,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
                 continue
             try:
                 with mpmath.workprec(bits):
-                    got = evaluate(*point)
+                    got = _as_mpf(evaluate(*point))
             except _PROBE_FAILURES:
                 return False
             if not isinstance(got, mpmath.mpf) or mpmath.isnan(got):

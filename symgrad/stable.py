@@ -680,13 +680,38 @@ def _rule_abs_of_power(node: sympy.Expr):
     (|b**e| = |b|**e for the principal power). As written it is nan for a negative base and
     a fractional exponent: SymPy's second derivative of (y**-2)**(y*y), |y|**(-2*y**2),
     held Abs(y**(1 + 2*y**2)), nan at every y < 0 (found by the fuzz campaign's
-    gradgradcheck)."""
-    if not isinstance(node, sympy.Abs) or not node.args[0].is_Pow:
+    gradgradcheck). A product is split first, ``Abs(a*b**e)`` -> ``Abs(a)*Abs(b)**e``: a
+    --save speed second derivative of (|y + 3|/|x|)**x held Abs(((y + 3)/x)**x/(y + 3)**2),
+    nan at every x < 0 (fuzz campaign 4124)."""
+    if not isinstance(node, sympy.Abs):
+        return None
+    if node.args[0].is_Mul and any(_fractional_power(f) for f in node.args[0].args):
+        return sympy.Mul(*(sympy.Abs(f) for f in node.args[0].args))
+    if not _fractional_power(node.args[0]):
         return None
     base, exponent = node.args[0].as_base_exp()
-    if exponent.is_extended_real is not True or exponent.is_integer:
-        return None  # (an integer power is finite as written)
     return sympy.Abs(base) ** exponent
+
+
+def real_abs_powers(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with every Abs of a power (or of a product holding one) as _rule_abs_of_power
+    writes it, and nothing else rewritten: for the unstabilised derivative that double
+    backward's reference differentiates. SymPy differentiates Abs(x**a) into
+    x**a*sign(x**a), nan at every x < 0, so the second derivative of ((x**2)**c)'s
+    |x|**(2c - 2)*x, with the reference nan there too, went unchecked and stayed nan (fuzz
+    campaign 4131)."""
+    for _ in range(_MAX_PASSES):
+        rewritten = expr.replace(lambda node: isinstance(node, sympy.Abs), lambda node: _rule_abs_of_power(node) or node)
+        if rewritten == expr:
+            break
+        expr = rewritten
+    return expr
+
+
+def _fractional_power(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` is a power with a real exponent that may not be an integer (an
+    integer power is finite as written)."""
+    return bool(expr.is_Pow and expr.exp.is_extended_real is True and not expr.exp.is_integer)
 
 
 _INVERSES = {sympy.atanh: sympy.tanh, sympy.asinh: sympy.sinh}
@@ -747,7 +772,10 @@ def _singular_symbols(expr: sympy.Expr) -> list[sympy.Symbol]:
                 # removable() checks the limit itself.
                 value = to_elementary(base).evalf(30, subs={x: sympy.Integer(0)})
                 vanishes = bool(value.is_zero) or (value.is_Float and abs(value) < 1e-25)
-            except (TypeError, ValueError, ArithmeticError):  # e.g. Max(zoo, ...) at 0
+            except (TypeError, ValueError, ArithmeticError, AttributeError):
+                # e.g. Max(zoo, ...) at 0; and SymPy's evalf of cos(log(y)**tanh(E)) at y = 0
+                # raised AttributeError ('NoneType' object has no attribute 'subs'; fuzz
+                # campaign 4131)
                 vanishes = False
             if vanishes:
                 found.add(x)
@@ -884,27 +912,29 @@ def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
             # campaign's gradgradcheck: x**-x for x <= 1/3 & x > 2/3, nan at x < 0).
             continue
         taken = condition if condition is not sympy.true else sympy.And(*(sympy.Not(c) for c in previous))
+        exactly_taken = sympy.And(taken, *(sympy.Not(c) for c in previous))
         previous.append(condition)
         if value.free_symbols and taken not in (sympy.true, sympy.false) and not value.is_polynomial(*value.free_symbols):
-            value = _guard_branch(value, taken)
+            value = _guard_branch(value, taken, exactly_taken)
         branches.append((value, condition))
     return sympy.Piecewise(*branches, evaluate=False)
 
 
-def _guard_branch(value: sympy.Expr, taken: sympy.Basic) -> sympy.Expr:
-    """``value`` with its symbols guarded: each is itself where ``taken`` holds and a safe
-    point elsewhere.
+def _guard_branch(value: sympy.Expr, taken: sympy.Basic, exactly_taken: sympy.Basic) -> sympy.Expr:
+    """``value`` with its symbols guarded: each is itself where ``taken`` (the branch's
+    condition) holds and a safe point elsewhere.
 
     First choice: the points that ``taken``'s linear bounds give, which keep the branch
     inside its own region (``x > y`` guards ``x`` by ``y + 1``). Where those leave the
     untaken branch's partial derivatives non-finite somewhere (a symbol the condition does
     not bound, as ``z`` in ``hypot(y, log(z))`` under ``x > 0``; an ``Or``, negated or
-    nonlinear condition), every symbol of the branch is guarded by a number instead, a
-    point found by probing where the branch and its partial derivatives are finite (found
-    by the fuzz campaign's gradgradcheck: double backward multiplied where's zero by their
-    nan). Where no point tried passes, where SymPy cannot differentiate the branch into
-    something the probe can evaluate, or on a branch of over _GUARD_PROBE_MAX_OPS
-    operations, the linear guards stay.
+    nonlinear condition), every symbol of the branch is guarded by a number instead, where
+    ``exactly_taken`` (the branch's condition and no earlier one) does not hold: a point
+    found by probing where the branch and its partial derivatives are finite (found by the
+    fuzz campaign's gradgradcheck: double backward multiplied where's zero by their nan);
+    where no point tried passes, the first of _SAFE_NUMBERS all the same. Where
+    SymPy cannot differentiate the branch into something the probe can evaluate, or on a
+    branch of over _GUARD_PROBE_MAX_OPS operations, the linear guards stay.
     """
     bounded = sorted(value.free_symbols & taken.free_symbols, key=sympy.default_sort_key)
     relations = taken.args if isinstance(taken, sympy.And) else (taken,)
@@ -915,7 +945,7 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic) -> sympy.Expr:
         safe = _safe_point(s, taken)
         if safe is not None:
             replacements[s] = guard(s, taken, safe)
-    linear = value.xreplace(replacements) if replacements else value
+    linear = _replace_in_values(value, replacements) if replacements else value
     if sympy.count_ops(value) > _GUARD_PROBE_MAX_OPS:
         return linear
     symbols = sorted(value.free_symbols, key=sympy.default_sort_key)
@@ -936,8 +966,34 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic) -> sympy.Expr:
         return linear
     point = _finite_point(branch, symbols)
     if point is None:
-        return linear
-    return value.xreplace({s: guard(s, taken, p) for s, p in zip(symbols, point)})
+        # No point tried makes it finite (it may be finite nowhere: (-x)**(x**2*acosh(x)) is
+        # complex at every real x but 0 and 1). Guarded all the same: where a guard's own
+        # where is not taken, its backward passes 0 and drops what the branch's backward
+        # made of where's zero there, nan included. (A finite point is preferred only so that
+        # no nan is computed at all, which torch.autograd.detect_anomaly would report.)
+        # Left unguarded, the nan reached the gradient (fuzz campaigns 4124 and 4125).
+        point = (_SAFE_NUMBERS[0],) * len(symbols)
+    # Where exactly the branch is taken: a middle branch's own condition may hold where an
+    # earlier branch is taken, and (-x)**(x**2*acosh(x)) under a condition that always holds
+    # was nan there, after a branch x for x > 1.1 (fuzz campaign 4125).
+    return _replace_in_values(value, {s: guard(s, exactly_taken, p) for s, p in zip(symbols, point)})
+
+
+def _replace_in_values(expr: sympy.Basic, rule: dict) -> sympy.Basic:
+    """``expr.xreplace(rule)`` everywhere but inside conditions (relations and logic).
+
+    A condition is never differentiated, so nothing leaks from it into double backward, and a
+    guard there only costs code. It also cost a hang: with ``guard(x, x < 7, 6)`` on both
+    sides of ``x <= loggamma(-log(x)/log(2))``, rebuilding the condition's Piecewise in
+    to_elementary asked SymPy whether 6 <= loggamma(-log(6)/log(2)), whose real and
+    imaginary parts it expanded for minutes (found by fuzz campaign 4125).
+    """
+    if expr in rule:
+        return rule[expr]
+    if expr.is_Atom or isinstance(expr, sympy.logic.boolalg.Boolean):
+        return expr
+    args = tuple(_replace_in_values(a, rule) for a in expr.args)
+    return expr.func(*args) if args != expr.args else expr
 
 
 def _finite_where_untaken(partials: list[sympy.Expr], safe: dict[sympy.Symbol, sympy.Expr], branch=None) -> bool:

@@ -723,6 +723,19 @@ UNTAKEN_BRANCHES = [
         sympy.Piecewise((sympy.sqrt(1 - X**2), X**2 < 1), (0, True)),
         [(p,) for p in (-1e4, -3.0, -0.5, 0.25, 0.75, 2.0, 1e4)],
     ),
+    # Finite only beyond every point a guard tries (y > 100), and guarded all the same.
+    (
+        "Piecewise((x*sqrt(y - 100), x > 0), (x*y, True))",
+        sympy.Piecewise((X * sympy.sqrt(Y - 100), X > 0), (X * Y, True)),
+        list(itertools.product((-2.0, -1e4, 1.5, 3.0), (-1.0, 50.0, 150.0, 1e4))),
+    ),
+    # Finite nowhere (complex at every real x but 0): no guard point is finite, and it is
+    # guarded all the same (stable._guard_branch).
+    (
+        "Piecewise((x**2, x > 0), (x*(-x)**(x**2*acosh(x)), True))",
+        sympy.Piecewise((X**2, X > 0), (X * (-X) ** (X**2 * sympy.acosh(X)), True)),
+        [(p,) for p in (-1e4, -3.0, -0.5, 0.25, 0.75, 2.0, 1e4)],
+    ),
 ]
 
 
