@@ -16,7 +16,7 @@ from .errors import SymgradError
 from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
-from .probe import FLOAT64_MAX, moderate, probe_code, real_only, wrap_probe_calls
+from .probe import FLOAT64_MAX, PROBE_FAILURES, moderate, probe_code, real_only, wrap_probe_calls
 from .stable import real_abs_powers, stabilize
 from .stable_functions import TaylorPolynomial, expand_functions, sigmoid, softplus, to_elementary
 
@@ -570,12 +570,12 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
         )
     except (TypeError, ValueError, KeyError):
         return False
-    failures = (ArithmeticError, ValueError, TypeError, AttributeError, MemoryError)
+    failures = PROBE_FAILURES
     for magnitude in REUSE_PROBES:
         for point in (mpmath.mpf(magnitude), mpmath.mpf(-magnitude)):
             try:
                 with mpmath.workprec(80):
-                    exact = evaluate_reference(point)
+                    exact = _as_mpf(evaluate_reference(point))
             except failures:
                 continue  # outside the function's domain: no constraint here
             if not (isinstance(exact, mpmath.mpf) and mpmath.isfinite(exact)):
@@ -587,14 +587,14 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
             allowed = REUSE_MAX_ULPS * 2.0**-24 * abs(exact)
             try:
                 with mpmath.workprec(24):
-                    before = evaluate_reference(point)
+                    before = _as_mpf(evaluate_reference(point))
                 if isinstance(before, mpmath.mpf) and mpmath.isfinite(before):
                     allowed = max(allowed, abs(before - exact))
             except failures:
                 pass  # the form it replaces fails here in float32 too: allow the 16 ulps
             try:
                 with mpmath.workprec(24):
-                    got = evaluate_candidate(point)
+                    got = _as_mpf(evaluate_candidate(point))
             except failures:
                 return False  # fails (1/0, say) where the mathematics is finite
             if not (isinstance(got, mpmath.mpf) and mpmath.isfinite(got)) or abs(got - exact) > allowed:
@@ -670,7 +670,6 @@ def _rounded_to_range(fn, largest: float, smallest: float, beyond_probe):
 # sinh(x/2) and sigmoid(-x)**1.5 as SymPy simplifies it, was 1.0 at x = 100 in float32
 # where the truth is -3.6e-42.
 _SECOND_DERIVATIVE_MAX_ERROR = 0.5
-_PROBE_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, MemoryError)
 # The probes stop where the stability tests' points do, at 1e4: beyond, the user's own
 # expression fails in float32 (exp(-x)*log1p(y**2) is 0*inf = nan at x = 300, y = 1e30,
 # forward included), so no form of its derivatives could be told from another there.
@@ -705,7 +704,7 @@ def _exact_value(evaluate, point):
         try:
             with mpmath.workprec(bits):
                 value = _as_mpf(evaluate(*point))
-        except _PROBE_FAILURES:
+        except PROBE_FAILURES:
             return None
         if not (isinstance(value, mpmath.mpf) and mpmath.isfinite(value)):
             return None
@@ -755,7 +754,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr, leaki
             try:
                 with mpmath.workprec(bits):
                     got = _as_mpf(evaluate(*point))
-            except _PROBE_FAILURES:
+            except PROBE_FAILURES:
                 return False
             if not isinstance(got, mpmath.mpf) or mpmath.isnan(got):
                 return False
@@ -1342,8 +1341,7 @@ def _all_moderate(evaluate, intervals: list[tuple[float, float]]) -> bool:
     for point, largest in _probe_points(intervals):
         try:
             values = evaluate(*point)
-        except (ArithmeticError, ValueError, TypeError, AttributeError):
-            # (mpmath raises AttributeError for e.g. atan2 of a complex intermediate)
+        except PROBE_FAILURES:
             return False
         if not all(moderate(value, largest) for value in values):
             return False

@@ -81,9 +81,13 @@ _PROBE_NAMESPACE = {
     "_probe_leaking_where": lambda *branches: _leaking_where(branches),
 }  # fmt: skip
 
-# What evaluating an untaken branch may raise: its value is then not finite (complex, or
-# beyond what the probe computes).
-_BRANCH_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, MemoryError, mpmath.libmp.NoConvergence)
+# What evaluating probe code may raise, each meaning "no real, finite value here": a complex
+# or float64-overflowing intermediate (real_only: ValueError, OverflowError), a value too
+# large to probe (OverflowError), a pole (ZeroDivisionError), mpmath's atan2 of a complex
+# value (AttributeError), a comparison of complex values (TypeError), a series that does
+# not converge (NoConvergence), a name the printer left unknown (NameError), and a number
+# too large to hold (MemoryError). One list for every probe.
+PROBE_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError, mpmath.libmp.NoConvergence)
 
 
 def _leaking_where(branches):
@@ -104,7 +108,7 @@ def _leaking_where(branches):
             continue
         try:
             other = untaken()
-        except _BRANCH_FAILURES:
+        except PROBE_FAILURES:
             return mpmath.nan
         if not moderate(other, math.inf):
             return mpmath.nan

@@ -54,11 +54,10 @@ from __future__ import annotations
 
 import itertools
 
-import mpmath
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
-from .probe import moderate, probe_code, real_only
+from .probe import PROBE_FAILURES, moderate, probe_code, real_only
 from .stable_functions import (
     Removable,
     guard,
@@ -891,9 +890,9 @@ def _never_holds(condition: sympy.Basic) -> bool:
 def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
     """Guard the symbols of every non-polynomial Piecewise branch (the "double where").
 
-    A branch's own condition holds wherever the branch is taken (the last branch's is
-    the negation of the others), so ``guard(x, cond, safe)`` is ``x`` there and a safe
-    point elsewhere. A symbol is guarded only if no relation on it involves a symbol
+    A branch is taken where its own condition holds and no earlier one does (the last
+    branch's is the negation of the others), so ``guard(x, that, safe)`` is ``x`` there
+    and a safe point elsewhere. A symbol is guarded only if no relation on it involves a symbol
     guarded already (``x > y`` guards ``x`` only: ``log(x - y)`` becomes
     ``log(guard(x, x > y, y + 1) - y)``).
     """
@@ -921,20 +920,23 @@ def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
 
 
 def _guard_branch(value: sympy.Expr, taken: sympy.Basic, exactly_taken: sympy.Basic) -> sympy.Expr:
-    """``value`` with its symbols guarded: each is itself where ``taken`` (the branch's
-    condition) holds and a safe point elsewhere.
+    """``value`` with its symbols guarded: each is itself where ``exactly_taken`` (the
+    branch's condition ``taken`` and no earlier one) holds and a safe point elsewhere.
+
+    (Not where ``taken`` alone holds: a middle branch's condition may hold where an earlier
+    branch is taken, and x*sqrt(3 - x) under x > 1, after 0 for x > 2, was evaluated at x =
+    4 and leaked nan into double backward, found in review.)
 
     First choice: the points that ``taken``'s linear bounds give, which keep the branch
     inside its own region (``x > y`` guards ``x`` by ``y + 1``). Where those leave the
     untaken branch's partial derivatives non-finite somewhere (a symbol the condition does
     not bound, as ``z`` in ``hypot(y, log(z))`` under ``x > 0``; an ``Or``, negated or
-    nonlinear condition), every symbol of the branch is guarded by a number instead, where
-    ``exactly_taken`` (the branch's condition and no earlier one) does not hold: a point
-    found by probing where the branch and its partial derivatives are finite (found by the
-    fuzz campaign's gradgradcheck: double backward multiplied where's zero by their nan);
-    where no point tried passes, the first of _SAFE_NUMBERS all the same. Where
-    SymPy cannot differentiate the branch into something the probe can evaluate, or on a
-    branch of over _GUARD_PROBE_MAX_OPS operations, the linear guards stay.
+    nonlinear condition), every symbol of the branch is guarded by a number instead: a
+    point found by probing where the branch and its partial derivatives are finite (found
+    by the fuzz campaign's gradgradcheck: double backward multiplied where's zero by their
+    nan); where no point tried passes, the first of _SAFE_NUMBERS all the same. Where SymPy
+    cannot differentiate the branch into something the probe can evaluate, or on a branch
+    of over _GUARD_PROBE_MAX_OPS operations, the linear guards stay.
     """
     bounded = sorted(value.free_symbols & taken.free_symbols, key=sympy.default_sort_key)
     relations = taken.args if isinstance(taken, sympy.And) else (taken,)
@@ -944,7 +946,7 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, exactly_taken: sympy.Ba
             continue
         safe = _safe_point(s, taken)
         if safe is not None:
-            replacements[s] = guard(s, taken, safe)
+            replacements[s] = guard(s, exactly_taken, safe)
     linear = _replace_in_values(value, replacements) if replacements else value
     if sympy.count_ops(value) > _GUARD_PROBE_MAX_OPS:
         return linear
@@ -973,9 +975,8 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, exactly_taken: sympy.Ba
         # no nan is computed at all, which torch.autograd.detect_anomaly would report.)
         # Left unguarded, the nan reached the gradient (fuzz campaigns 4124 and 4125).
         point = (_SAFE_NUMBERS[0],) * len(symbols)
-    # Where exactly the branch is taken: a middle branch's own condition may hold where an
-    # earlier branch is taken, and (-x)**(x**2*acosh(x)) under a condition that always holds
-    # was nan there, after a branch x for x > 1.1 (fuzz campaign 4125).
+    # ((-x)**(x**2*acosh(x)), under a condition that always holds after a branch taken for
+    # x > 1.1, was nan there: fuzz campaign 4125.)
     return _replace_in_values(value, {s: guard(s, exactly_taken, p) for s, p in zip(symbols, point)})
 
 
@@ -1056,7 +1057,7 @@ def _moderate_at(evaluate, points, skip: int = 0) -> bool:
     for point in points:
         try:
             values = evaluate(*point)
-        except (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError, mpmath.libmp.NoConvergence):
+        except PROBE_FAILURES:
             return False
         if not all(moderate(value, _UNTAKEN_MAX_ABS) for value in values[skip:]):
             return False

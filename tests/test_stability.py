@@ -723,6 +723,13 @@ UNTAKEN_BRANCHES = [
         sympy.Piecewise((sympy.sqrt(1 - X**2), X**2 < 1), (0, True)),
         [(p,) for p in (-1e4, -3.0, -0.5, 0.25, 0.75, 2.0, 1e4)],
     ),
+    # A middle branch, finite where its own condition holds but not everywhere an earlier
+    # branch is taken (x > 2): its guard is x only where no earlier condition holds.
+    (
+        "Piecewise((0, x > 2), (x*sqrt(3 - x), x > 1), (x, True))",
+        sympy.Piecewise((0, X > 2), (X * sympy.sqrt(3 - X), X > 1), (X, True)),
+        [(p,) for p in (-1e4, -3.0, 0.5, 1.5, 2.5, 4.0, 1e4)],
+    ),
     # Finite only beyond every point a guard tries (y > 100), and guarded all the same.
     (
         "Piecewise((x*sqrt(y - 100), x > 0), (x*y, True))",
@@ -1335,9 +1342,18 @@ def test_second_derivative_probe_rejects_forms_that_fail_in_float_arithmetic():
     assert finite_where_the_math_is(step, step)
     sigmoid_xy = sympy.diff(s(x * y), x, y)
     assert finite_where_the_math_is(sympy.expand(sigmoid_xy), sigmoid_xy)
-    # Three symbols are not probed.
+    # Three symbols are probed at fewer magnitudes, none where float32's sinh overflows
+    # and float64's does not (179 to 710), so this one passes.
     z = sympy.Symbol("z", real=True)
     assert finite_where_the_math_is(exact * y * z, exact * y * z)
+    # autograd's derivative of a where, probed as leaking: 0 times the untaken branch's nan is
+    # nan (at x <= 0, y < 100), unless a guard keeps that branch finite. A branch that is a
+    # constant (1) is probed too: it evaluates to a Python int, once skipped as not real.
+    leaky = sympy.Piecewise((1 / (2 * sympy.sqrt(y - 100)), x > 0), (1, True))
+    assert finite_where_the_math_is(leaky, leaky)
+    assert not finite_where_the_math_is(leaky, leaky, leaking=True)
+    guarded = leaky.xreplace({y: sf.guard(y, x > 0, 101)})
+    assert finite_where_the_math_is(guarded, leaky, leaking=True)
 
 
 def test_sinh_over_cosh_powers_become_tanh():
