@@ -234,8 +234,7 @@ def autograd_loses_second_derivatives(
         autograd = _autograd_derivative(formula, symbol)
         if autograd is None:
             return False
-        exact = _differentiate(raw, symbol).xreplace(fixed)
-        if not finite_where_the_math_is(autograd.xreplace(fixed), exact, leaking=True):
+        if not finite_where_the_math_is(autograd.xreplace(fixed), _differentiate(raw, symbol).xreplace(fixed)):
             return True
     return False
 
@@ -714,12 +713,11 @@ def _exact_value(evaluate, point):
     return _UNRESOLVED
 
 
-def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr, leaking: bool = False) -> bool:
+def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
     """Whether ``candidate`` (equal to ``reference``) computes a value that is not nan, and
     not far off the exact one where finite, in float32 and float64 arithmetic wherever that
     exact value is finite and in the format's range: no inf/inf, inf*0 or cancellation of
-    overflowing terms. ``leaking``: ``candidate`` is autograd's derivative, whose Piecewise
-    is nan where an untaken branch is not finite (probe.probe_code).
+    overflowing terms.
 
     Checked at both signs of the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX (of
     _PAIR_PROBES, every pair, for two symbols; of _TRIPLE_PROBES, every triple, for three
@@ -742,9 +740,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr, leaki
     candidate = _as_printed(candidate)
     try:
         exact_values = _exact_values(reference, symbols)
-        in_formats = [
-            _in_float_range(probe_code(symbols, candidate, leaking), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS
-        ]
+        in_formats = [_in_float_range(probe_code(symbols, candidate), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS]
     except (TypeError, ValueError, KeyError):
         return True  # not printable for mpmath: left to the stability tests, as before
     for point, exact in exact_values:

@@ -103,7 +103,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     hypot_excess: lambda args: _hypot_excess(*args),
     xlogy: _call("torch.xlogy"),
     # guard(x, cond, safe): the inner where of the "double where" (stable._guard_piecewise).
-    guard: lambda args: f"torch.where({args[1]}, {args[0]}, {args[2]})",
+    guard: lambda args: _guard(*args),
 }
 
 
@@ -349,6 +349,15 @@ class TorchPrinter(StrPrinter):
 def _number_tensor(anchor: str, number: str) -> str:
     """A 0-d tensor holding ``number``, of the dtype and device of the tensor ``anchor``."""
     return f"{_as_atom(anchor)}.new_full((), {number})"
+
+
+def _guard(x: str, cond: str, safe: str, earlier: str | None = None) -> str:
+    """guard(x, cond, safe, earlier): ``earlier`` negated with ``~``, which holds where it is
+    nan, as the nested torch.where that selects the branch has it (SymPy's own negation of
+    log(x) > 1, log(x) <= 1, does not)."""
+    if earlier is not None:
+        cond = f"~({earlier})" if cond == "True" else f"({cond}) & ~({earlier})"
+    return f"torch.where({cond}, {x}, {safe})"
 
 
 def _as_atom(text: str) -> str:

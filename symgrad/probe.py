@@ -78,7 +78,6 @@ _PROBE_NAMESPACE = {
     "polygamma": _probe_polygamma,
     "_probe_power": _guard(mpmath.power, _power_size, PROBE_MAX_EXPONENT),
     "_probe_heaviside": lambda x, h0=mpmath.mpf(0.5): mpmath.mpf(0) if x < 0 else (h0 if x == 0 else mpmath.mpf(1)),
-    "_probe_leaking_where": lambda *branches: _leaking_where(branches),
 }  # fmt: skip
 
 # What evaluating probe code may raise, each meaning "no real, finite value here": a complex
@@ -90,38 +89,8 @@ _PROBE_NAMESPACE = {
 PROBE_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError, mpmath.libmp.NoConvergence)
 
 
-def _leaking_where(branches):
-    """A Piecewise as autograd differentiates a torch.where of it: the value of the first
-    branch whose condition holds, or nan where any other branch is not finite.
-
-    ``branches``: (condition, value) pairs of functions, the condition None where it is
-    True. Where a derivative is a Piecewise, autograd computed it as the sum of every
-    branch's derivative, masked by where's 0 where not taken; 0 times a branch's inf or nan
-    is nan (the "double where").
-    """
-    taken = next((k for k, (condition, _) in enumerate(branches) if condition is None or condition()), None)
-    if taken is None:
-        return mpmath.nan
-    value = branches[taken][1]()
-    for k, (_, untaken) in enumerate(branches):
-        if k == taken:
-            continue
-        try:
-            other = untaken()
-        except PROBE_FAILURES:
-            return mpmath.nan
-        if not moderate(other, math.inf):
-            return mpmath.nan
-    return value
-
-
 class _ProbePrinter(MpmathPrinter):
-    """mpmath code in which every power goes through the guarded ``_probe_power``; with
-    ``leaking``, each Piecewise as a _leaking_where."""
-
-    def __init__(self, settings, leaking: bool = False):
-        super().__init__(settings)
-        self._leaking = leaking
+    """mpmath code in which every power goes through the guarded ``_probe_power``."""
 
     def _print_Pow(self, expr, rational=False):
         return f"_probe_power({self._print(expr.base)}, {self._print(expr.exp)})"
@@ -163,12 +132,6 @@ class _ProbePrinter(MpmathPrinter):
         return f"mpf('{value}')"
 
     def _print_Piecewise(self, expr):
-        if self._leaking:
-            branches = (
-                f"({'None' if condition == sympy.true else f'lambda: {self._print(condition)}'}, lambda: {self._print(value)})"
-                for value, condition in expr.args
-            )
-            return f"_probe_leaking_where({', '.join(branches)})"
         text = "mpf('nan')"
         for value, condition in reversed(expr.args):
             if condition == sympy.true:
@@ -178,18 +141,16 @@ class _ProbePrinter(MpmathPrinter):
         return text
 
 
-def _probe_printer(leaking: bool) -> _ProbePrinter:
+def _probe_printer() -> _ProbePrinter:
     # The settings lambdify itself uses for modules="mpmath" (sympy 1.14).
     names = {name: name for name in _PROBE_NAMESPACE}
     settings = {"fully_qualified_modules": False, "inline": True, "allow_unknown_functions": True}
-    return _ProbePrinter({**settings, "user_functions": names}, leaking)
+    return _ProbePrinter({**settings, "user_functions": names})
 
 
-def probe_code(symbols, exprs, leaking: bool = False):
-    """mpmath code of ``exprs`` (an expression or a list) in ``symbols``, as the probes run
-    it; with ``leaking``, each Piecewise is nan where an untaken branch is not finite, as
-    autograd's derivative of a torch.where is (for a derivative autograd computes)."""
-    return sympy.lambdify(symbols, exprs, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer(leaking))
+def probe_code(symbols, exprs):
+    """mpmath code of ``exprs`` (an expression or a list) in ``symbols``, as the probes run it."""
+    return sympy.lambdify(symbols, exprs, modules=[_PROBE_NAMESPACE, "mpmath"], printer=_probe_printer())
 
 
 def real_only(evaluate):

@@ -911,21 +911,23 @@ def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
             # campaign's gradgradcheck: x**-x for x <= 1/3 & x > 2/3, nan at x < 0).
             continue
         taken = condition if condition is not sympy.true else sympy.And(*(sympy.Not(c) for c in previous))
-        exactly_taken = sympy.And(taken, *(sympy.Not(c) for c in previous))
+        earlier = sympy.Or(*previous)
         previous.append(condition)
         if value.free_symbols and taken not in (sympy.true, sympy.false) and not value.is_polynomial(*value.free_symbols):
-            value = _guard_branch(value, taken, exactly_taken)
+            value = _guard_branch(value, taken, condition, earlier)
         branches.append((value, condition))
     return sympy.Piecewise(*branches, evaluate=False)
 
 
-def _guard_branch(value: sympy.Expr, taken: sympy.Basic, exactly_taken: sympy.Basic) -> sympy.Expr:
-    """``value`` with its symbols guarded: each is itself where ``exactly_taken`` (the
-    branch's condition ``taken`` and no earlier one) holds and a safe point elsewhere.
+def _guard_branch(value: sympy.Expr, taken: sympy.Basic, condition: sympy.Basic, earlier: sympy.Basic) -> sympy.Expr:
+    """``value`` with its symbols guarded: each is itself exactly where the branch is taken
+    (its ``condition`` holds and ``earlier``, the Or of the earlier branches' conditions,
+    does not) and a safe point elsewhere. ``taken``: the condition that holds wherever the
+    branch is taken (for the last branch, the earlier conditions negated).
 
-    (Not where ``taken`` alone holds: a middle branch's condition may hold where an earlier
-    branch is taken, and x*sqrt(3 - x) under x > 1, after 0 for x > 2, was evaluated at x =
-    4 and leaked nan into double backward, found in review.)
+    (Not where ``condition`` alone holds: a middle branch's condition may hold where an
+    earlier branch is taken, and x*sqrt(3 - x) under x > 1, after 0 for x > 2, was evaluated
+    at x = 4 and leaked nan into double backward, found in review.)
 
     First choice: the points that ``taken``'s linear bounds give, which keep the branch
     inside its own region (``x > y`` guards ``x`` by ``y + 1``). Where those leave the
@@ -946,7 +948,7 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, exactly_taken: sympy.Ba
             continue
         safe = _safe_point(s, taken)
         if safe is not None:
-            replacements[s] = guard(s, exactly_taken, safe)
+            replacements[s] = guard(s, condition, safe, earlier)
     linear = _replace_in_values(value, replacements) if replacements else value
     if sympy.count_ops(value) > _GUARD_PROBE_MAX_OPS:
         return linear
@@ -977,7 +979,7 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, exactly_taken: sympy.Ba
         point = (_SAFE_NUMBERS[0],) * len(symbols)
     # ((-x)**(x**2*acosh(x)), under a condition that always holds after a branch taken for
     # x > 1.1, was nan there: fuzz campaign 4125.)
-    return _replace_in_values(value, {s: guard(s, exactly_taken, p) for s, p in zip(symbols, point)})
+    return _replace_in_values(value, {s: guard(s, condition, p, earlier) for s, p in zip(symbols, point)})
 
 
 def _replace_in_values(expr: sympy.Basic, rule: dict) -> sympy.Basic:
@@ -1010,7 +1012,9 @@ def _finite_where_untaken(partials: list[sympy.Expr], safe: dict[sympy.Symbol, s
     the partials stand in for them.)
     """
     try:
-        partials = [d.xreplace(safe) for d in partials]
+        # (Not inside conditions, as the guards are put in: a nested Piecewise's condition
+        # tests the symbol itself, found in review.)
+        partials = [_replace_in_values(d, safe) for d in partials]
     except (TypeError, ValueError, ArithmeticError):
         return False
     free = sorted(set().union(*(d.free_symbols for d in partials)), key=sympy.default_sort_key)

@@ -15,8 +15,9 @@ method the printer calls).
 - ``ndtr(u) = (1 + erf(u/sqrt(2)))/2``          -> ``0.5*torch.special.erfc(-u/sqrt(2))``
 - ``log1mexp(u) = log(1 - exp(u))`` (u < 0)     -> ``log(-expm1(u))`` above -log(2),
   ``log1p(-exp(u))`` below (Maechler's switch)
-- ``guard(x, cond, safe)``: ``x`` where ``cond`` holds, else ``safe``: the inner half of
-  the "double where" that keeps an untaken Piecewise branch finite.
+- ``guard(x, cond, safe, earlier)``: ``x`` where ``cond`` holds and ``earlier`` does not,
+  else ``safe``: the inner half of the "double where" that keeps an untaken Piecewise
+  branch finite.
 - :func:`removable`: ``f(x)`` with a removable singularity at 0 (``sin(x)/x``), printed as
   a Taylor polynomial near 0 and the closed form elsewhere, each at a guarded argument.
 """
@@ -358,45 +359,54 @@ class xlogy(StableFunction):  # noqa: N801
 
 
 class guard(StableFunction):  # noqa: N801
-    """``x`` where ``cond`` holds, else ``safe`` (a value of ``x`` at which the guarded
-    expression is finite: one at which ``cond`` holds, a number or an expression in the
-    other symbols of ``cond``, or a number found by probing).
+    """``x`` where ``cond`` holds and ``earlier`` does not, else ``safe`` (a value of ``x``
+    at which the guarded expression is finite where one is found: one at which ``cond``
+    holds, a number or an expression in the other symbols of ``cond``, or a number found by
+    probing; else 1/2).
 
-    Substituted for a symbol inside a Piecewise branch, it keeps that branch finite
-    where it is not taken, so ``torch.where``'s backward multiplies zeros by finite
-    numbers instead of by inf or NaN (the "double where").
+    Substituted for a symbol inside a Piecewise branch, with the branch's condition and
+    the earlier branches' conditions (``earlier``, their Or; absent for the first branch),
+    it is ``x`` exactly where the branch is taken, and cuts the branch off from ``x``
+    elsewhere: its own torch.where's backward passes 0 there, whatever the branch's backward
+    made of the outer where's zero (the "double where"). ``earlier`` is printed negated with ``~``, as the nested
+    torch.where that selects the branch treats it: where an earlier condition is nan
+    (log(x) > 1 at x < 0) it does not hold, while SymPy's own negation, log(x) <= 1, would
+    not hold either (found in review).
     """
 
-    nargs = 3
+    nargs = (3, 4)
 
     @classmethod
-    def eval(cls, x, cond, safe):
-        if cond is sympy.true:
-            return x
-        if cond is sympy.false:
+    def eval(cls, x, cond, safe, earlier=None):
+        if earlier is sympy.true or cond is sympy.false:
             return safe
+        if earlier in (None, sympy.false) and cond is sympy.true:
+            return x
+        if earlier is sympy.false:
+            return cls(x, cond, safe)  # no earlier branch: the three-argument form
 
     @staticmethod
-    def _imp_(x, cond, safe):
-        return x if cond else mpmath.mpmathify(safe)
+    def _imp_(x, cond, safe, earlier=False):
+        return x if cond and not earlier else mpmath.mpmathify(safe)
 
     def _eval_evalf(self, prec):
         return None
 
     def _eval_derivative(self, s):
-        # The condition is not differentiated (SymPy cannot): it is piecewise constant.
-        x, cond, safe = self.args
+        # The conditions are not differentiated (SymPy cannot): they are piecewise constant.
+        x, cond, safe, earlier = (*self.args, sympy.false)[:4]
         dx, dsafe = x.diff(s), safe.diff(s)
         if dx == 0 and dsafe == 0:
             return sympy.Integer(0)
-        return sympy.Piecewise((dx, cond), (dsafe, True))
+        # (In this order, no condition is negated: see the class docstring.)
+        return sympy.Piecewise((dsafe, earlier), (dx, cond), (dsafe, True))
 
     def _eval_is_extended_real(self):
         return self.args[0].is_extended_real
 
     def elementary(self):
-        x, cond, safe = self.args
-        return sympy.Piecewise((x, cond), (safe, True))
+        x, cond, safe, earlier = (*self.args, sympy.false)[:4]
+        return sympy.Piecewise((safe, earlier), (x, cond), (safe, True))
 
 
 def to_elementary(expr: sympy.Expr) -> sympy.Expr:

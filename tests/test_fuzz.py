@@ -500,9 +500,10 @@ CAMPAIGN_FINDS = [
     # Campaigns 4124 and 4125 (pre-existing, left open by their stop): untaken branches that
     # no guard point makes finite, as they are finite nowhere: SymPy's derivative of
     # (|3 + y|/|x|)**x at x = 0, log(oo*Abs(y + 3)), and (-x)**(x**2*acosh(x)), complex at
-    # every real x but 1. Double backward multiplied where's zero by their nan. They are
-    # detached now (stable._finite_nowhere); in the first, --save speed's second derivative
-    # also held Abs(((y + 3)/x)**x/(y + 3)**2), nan at every x < 0 (stable._rule_abs_of_power
+    # every real x but 0 and 1. They were left unguarded, and double backward multiplied
+    # where's zero by their nan. They are guarded at 1/2 all the same now, exactly where
+    # taken (stable._guard_branch); in the first, --save speed's second derivative also
+    # held Abs(((y + 3)/x)**x/(y + 3)**2), nan at every x < 0 (stable._rule_abs_of_power
     # splits the product).
     ("x, ((abs((3) + (y))) / (Abs(x)))**(Max(x))", 1, "passed"),
     (

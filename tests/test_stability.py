@@ -777,6 +777,46 @@ def test_untaken_branch_double_backward_is_exact_wherever_the_math_is_finite(tex
         assert gradgradcheck(namespace["untaken"], tuple(real_inputs))
 
 
+def test_a_nested_piecewise_condition_is_probed_as_printed(device):
+    """An inner Piecewise's condition tests the symbol itself, not the outer guard's safe
+    point: the guard probe checked the branch as if it did, kept the linear guards, and
+    sqrt(-x) leaked nan into d2f/dxdy at x < 0, where f = x*y + loggamma(x**2 + 2) (found in
+    review; loggamma keeps autograd's double backward, which no probe checks)."""
+    text = "Piecewise((Piecewise((sqrt(-x)*y, x < 0), (x*y, True)), x > 0), (x*y, True)) + loggamma(x**2 + 2)"
+    function = _exec_module(generate_source(text, "Nested"), "nested")["nested"]
+    x = torch.tensor([-4.0, -1.0, 2.0], dtype=torch.float64, device=device, requires_grad=True)
+    y = torch.tensor([1.5, -2.0, 0.5], dtype=torch.float64, device=device, requires_grad=True)
+    gradient_x, _ = torch.autograd.grad(function(x, y).sum(), (x, y), create_graph=True)
+    (mixed,) = torch.autograd.grad(gradient_x.sum(), y)
+    assert mixed.tolist() == [1.0, 1.0, 1.0]
+    assert gradgradcheck(function, (x, y))
+
+
+@pytest.mark.parametrize(
+    "text, point, branch",
+    [
+        # tanh as sinh/cosh is inf/inf = nan at x = 100 in float32; log(x) is nan at x < 0.
+        ("Piecewise((0, sinh(x)/cosh(x) > 2), (x*sqrt(300 - x), x > -1), (x, True))", 100.0, X * sympy.sqrt(300 - X)),
+        ("Piecewise((0, log(x) > 1), (x*sqrt(3 - x), x > -5), (x, True))", -1.0, X * sympy.sqrt(3 - X)),
+        # (The last branch's guard had this already, with the earlier conditions negated.)
+        ("Piecewise((0, log(x) > 1), (x*sqrt(3 - x), True))", -1.0, X * sympy.sqrt(3 - X)),
+    ],
+)
+def test_a_guard_takes_the_branch_where_the_nested_where_does_past_a_nan_condition(text, point, branch, device):
+    """torch.where takes a nan condition as False and goes on to the next branch; the guard
+    of that branch's x must agree (``~(earlier)``), or the branch is computed at its safe
+    point where it is taken. SymPy's own negation of log(x) > 1, log(x) <= 1, is False there
+    too: the value was 0.0 for 1414.2 and -10.58 for -2 (found in review)."""
+    function = _exec_module(generate_source(text, "NanCondition"), "nan_condition")["nan_condition"]
+    x = torch.tensor([point], dtype=torch.float32, device=device, requires_grad=True)
+    value = function(x)
+    (gradient,) = torch.autograd.grad(value.sum(), x)
+    with mpmath.workdps(DPS):
+        want = sympy.lambdify([X], [branch, branch.diff(X)], modules="mpmath")(mpmath.mpf(point))
+    assert value.item() == pytest.approx(float(want[0]), rel=1e-6)
+    assert gradient.item() == pytest.approx(float(want[1]), rel=1e-5)
+
+
 def _random_expr(rng: random.Random, depth: int) -> sympy.Expr:
     leaves = [X, Y, sympy.Integer(2), sympy.Rational(1, 2)]
     if depth == 0 or rng.random() < 0.25:
@@ -1346,14 +1386,13 @@ def test_second_derivative_probe_rejects_forms_that_fail_in_float_arithmetic():
     # and float64's does not (179 to 710), so this one passes.
     z = sympy.Symbol("z", real=True)
     assert finite_where_the_math_is(exact * y * z, exact * y * z)
-    # autograd's derivative of a where, probed as leaking: 0 times the untaken branch's nan is
-    # nan (at x <= 0, y < 100), unless a guard keeps that branch finite. A branch that is a
-    # constant (1) is probed too: it evaluates to a Python int, once skipped as not real.
-    leaky = sympy.Piecewise((1 / (2 * sympy.sqrt(y - 100)), x > 0), (1, True))
-    assert finite_where_the_math_is(leaky, leaky)
-    assert not finite_where_the_math_is(leaky, leaky, leaking=True)
-    guarded = leaky.xreplace({y: sf.guard(y, x > 0, 101)})
-    assert finite_where_the_math_is(guarded, leaky, leaking=True)
+    # Where the reference is a constant branch (1, a Python int in the probe code), the
+    # points are probed too: they were skipped as not real, and cosh(y)**2 - sinh(y)**2,
+    # inf - inf from y = 711, passed.
+    branches = sympy.Piecewise((1 / (2 * sympy.sqrt(y - 100)), x > 0), (1, True))
+    assert finite_where_the_math_is(branches, branches)
+    cancelling = branches.xreplace({sympy.Integer(1): sympy.cosh(y) ** 2 - sympy.sinh(y) ** 2})
+    assert not finite_where_the_math_is(cancelling, branches)
 
 
 def test_sinh_over_cosh_powers_become_tanh():
