@@ -603,11 +603,15 @@ def _rule_hypot_excess(node: sympy.Expr):
 
 
 def _rule_xlogy(node: sympy.Expr):
+    """``u*log(b)**k`` -> ``xlogy(...xlogy(u, b)..., b)`` (k times, k a positive integer): 0
+    where u is 0, as the mathematics is wherever u vanishes faster than the log grows. A
+    power of the log comes from differentiating b**y by y twice: --save speed's d2/dy2 of
+    Max(x, 0)**y, b**y*log(b)**2, was 0*inf = nan at every x < 0 (found in review)."""
     if not node.is_Mul:
         return None
     factors = sympy.Mul.make_args(node)
-    logs = [f for f in factors if isinstance(f, sympy.log)]
-    if len(logs) != 1 or not logs[0].args[0].free_symbols:
+    logs = [f for f in factors if isinstance(f.as_base_exp()[0], sympy.log) and _positive_integer(f.as_base_exp()[1])]
+    if len(logs) != 1 or not logs[0].as_base_exp()[0].args[0].free_symbols:
         # log of a constant is a constant factor: nothing for xlogy to guard, and SymPy may
         # have folded 200*log(10) into log(10**200), an int beyond float range (found by the
         # fuzz campaign)
@@ -615,7 +619,53 @@ def _rule_xlogy(node: sympy.Expr):
     coeff, rest = sympy.Mul(*(f for f in factors if f is not logs[0])).as_coeff_Mul()
     if not rest.free_symbols:
         return None
-    return coeff * xlogy(rest, logs[0].args[0])
+    log, power = logs[0].as_base_exp()
+    for _ in range(int(power)):
+        rest = xlogy(rest, log.args[0])
+    return coeff * rest
+
+
+def _positive_integer(value: sympy.Expr) -> bool:
+    return bool(value.is_Integer and value > 0)
+
+
+def _rule_xlogy_absorbs(node: sympy.Expr):
+    """``(xlogy(c, b) + r)*F`` -> ``xlogy(c*F, b) + r*F`` where ``F`` holds a power of
+    ``b``: xlogy is then 0 where F is (b = 0), as the product is in the limit. --save
+    speed's d2/dxdy of Max(x, 0)**y, (1 + xlogy(y, b))*b**(y - 1), was -inf*0 = nan at
+    every x < 0 (found in review)."""
+    if not node.is_Mul:
+        return None
+    for sum_ in (f for f in node.args if f.is_Add):
+        bases = {t.args[1] for term in sum_.args for t in sympy.Mul.make_args(term) if isinstance(t, xlogy)}
+        rest = sympy.Mul(*(f for f in node.args if f is not sum_))
+        for base in bases:
+            if any(f.as_base_exp()[0] == base for f in sympy.Mul.make_args(rest)):
+                return sympy.Add(*(_absorbed(term, rest, base) for term in sum_.args))
+    return None
+
+
+def _rule_same_base(node: sympy.Expr):
+    """``b**e/b`` -> ``b**(e - 1)`` (SymPy keeps them apart for a symbolic ``e``): 0/0 =
+    nan where b = 0 as written. Found in review, in --save speed's d2/dxdy of
+    Max(x, 0)**y."""
+    if not node.is_Mul:
+        return None
+    bases = [f.as_base_exp()[0] for f in node.args if not f.is_number]
+    if len(set(bases)) == len(bases):
+        return None
+    combined = sympy.powsimp(node, combine="exp")
+    return combined if combined != node else None
+
+
+def _absorbed(term: sympy.Expr, factor: sympy.Expr, base: sympy.Expr) -> sympy.Expr:
+    """``term*factor``, with ``factor`` inside ``term``'s xlogy of ``base`` if it has one."""
+    factors = sympy.Mul.make_args(term)
+    logs = [f for f in factors if isinstance(f, xlogy) and f.args[1] == base]
+    if len(logs) != 1:
+        return term * factor
+    others = sympy.Mul(*(f for f in factors if f is not logs[0]))
+    return xlogy(logs[0].args[0] * others * factor, base)
 
 
 def _rule_tanh_half(node: sympy.Expr):
@@ -742,6 +792,8 @@ _RULES = (
     _rule_hypot_excess,
     _rule_root_excess,
     _rule_xlogy,
+    _rule_xlogy_absorbs,
+    _rule_same_base,
     _rule_tanh_half,
     _rule_exp_over_expm1,
     _rule_sinh_over_cosh,

@@ -529,6 +529,19 @@ CAMPAIGN_FINDS = [
     # ... and SymPy's evalf raised AttributeError looking for a removable singularity of
     # cos(log(y, 1/2)**tanh(E)) at y = 0 (a crash).
     ("(asinh((log(x, E)) + (xlogy(x, 1)))) / (cos((log(y, 1/2))**(tanh(E)))), mean(x)", 409896, "could not find an interval"),
+    # Campaign 4132 (pre-existing): powers whose base is 0 or whose exponent is 0 on a
+    # region (a 0/1 comparison or Heaviside to a variable power). Their second derivatives
+    # held b**e*(3 + 2*xlogy(a, b)) and b**e/b, 0*inf and 0/0 = nan where the mathematics is
+    # 0; xlogy now takes the power inside, and b**e/b is b**(e - 1) (stable._rule_xlogy,
+    # _rule_xlogy_absorbs, _rule_same_base).
+    ("x, (-((((3)**3) < ((x) + (x)))))**((Max(x, 7))**(-2))", 1, "passed"),
+    ("(Heaviside((x) + (x)))**((x) * (x))", 3, "passed"),
+    (
+        "mean(((atan((z) / (1e-3)))**3)**((((Piecewise((x, ((x) <= (y)) or ((2) >= (y))), (z, not (((y) < (E) <="
+        " (z)) or ((x) <= (y)))), (y, True))) > (Max(x)))) * (Max((y)**(3/2), (y) + (z)))))",
+        254547735,
+        "passed",
+    ),
     # Campaign 4106 (pre-existing): CSE folded output 2, x - 1/2 over 1/2 - x, to -0.5, so
     # forward returned a number and mark_non_differentiable raised (a crash). Refused now.
     ("x, ((((0.5) / (x)) * ((x) - (0.5))) / (-((x) - (0.5)))) * (x)", 1, "output 2 is constant (-0.5) wherever it is defined"),

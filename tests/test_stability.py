@@ -777,6 +777,28 @@ def test_untaken_branch_double_backward_is_exact_wherever_the_math_is_finite(tex
         assert gradgradcheck(namespace["untaken"], tuple(real_inputs))
 
 
+@pytest.mark.parametrize("save", ["memory", "speed"])
+def test_second_derivatives_of_a_power_whose_base_reaches_zero(save, device):
+    """Max(x, 0)**y is 0 for x < 0, and so are all its derivatives there. --save speed's
+    second derivatives were nan there (found in review): d2/dy2 as b**y*log(b)**2, 0*inf;
+    d2/dxdy as (1 + xlogy(y, b))*b**y/b, -inf*0 and 0/0. Now nested xlogy, xlogy with the
+    power inside, and b**(y - 1) (stable._rule_xlogy, _rule_xlogy_absorbs, _rule_same_base)."""
+    source = generate_source("Max(x, 0)**y", "RampPower", save=save, domain={"x": (-2.0, 2.0), "y": (2.5, 4.0)})
+    function = _exec_module(source, "ramp_power")["ramp_power"]
+    x = torch.tensor([-1.0, 0.5, 1.5], dtype=torch.float64, device=device, requires_grad=True)
+    y = torch.tensor([2.5, 3.5, 3.0], dtype=torch.float64, device=device, requires_grad=True)
+    gradients = torch.autograd.grad(function(x, y).sum(), (x, y), create_graph=True)
+    exact = X**Y  # (where x > 0; Max's derivatives hold DiracDelta)
+    for a, gradient in enumerate(gradients):
+        rows = torch.autograd.grad(gradient.sum(), (x, y), retain_graph=True)
+        for b, row in enumerate(rows):
+            second = sympy.lambdify([X, Y], exact.diff((X, Y)[a], (X, Y)[b]), modules="mpmath")
+            for k in range(3):
+                want = 0.0 if x[k] < 0 else float(second(mpmath.mpf(x[k].item()), mpmath.mpf(y[k].item())))
+                assert row[k].item() == pytest.approx(want, rel=1e-12, abs=1e-300), (save, a, b, k)
+    assert gradgradcheck(function, (x, y))
+
+
 def test_a_nested_piecewise_condition_is_probed_as_printed(device):
     """An inner Piecewise's condition tests the symbol itself, not the outer guard's safe
     point: the guard probe checked the branch as if it did, kept the linear guards, and
