@@ -1026,7 +1026,8 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, condition: sympy.Basic,
         # complex at every real x but 0 and 1). Guarded all the same: where a guard's own
         # where is not taken, its backward passes 0 and drops what the branch's backward
         # made of where's zero there, nan included. (A finite point is preferred only so that
-        # no nan is computed at all, which torch.autograd.detect_anomaly would report.)
+        # no nan is computed at all: torch.autograd.detect_anomaly raises on one in double
+        # backward.)
         # Left unguarded, the nan reached the gradient (fuzz campaigns 4124 and 4125).
         point = (_SAFE_NUMBERS[0],) * len(symbols)
     # ((-x)**(x**2*acosh(x)), under a condition that always holds after a branch taken for
