@@ -102,7 +102,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     hypot: _call("torch.hypot"),
     hypot_excess: lambda args: _hypot_excess(*args),
     xlogy: _call("torch.xlogy"),
-    # guard(x, cond, safe): the inner where of the "double where" (stable._guard_piecewise).
+    # guard(x, cond, safe[, earlier]): the inner where of the "double where" (stable._guard_piecewise).
     guard: lambda args: _guard(*args),
 }
 

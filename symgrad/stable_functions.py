@@ -16,8 +16,8 @@ method the printer calls).
 - ``log1mexp(u) = log(1 - exp(u))`` (u < 0)     -> ``log(-expm1(u))`` above -log(2),
   ``log1p(-exp(u))`` below (Maechler's switch)
 - ``guard(x, cond, safe, earlier)``: ``x`` where ``cond`` holds and ``earlier`` does not,
-  else ``safe``: the inner half of the "double where" that keeps an untaken Piecewise
-  branch finite.
+  else ``safe``: the inner half of the "double where", which cuts an untaken Piecewise
+  branch off from ``x``.
 - :func:`removable`: ``f(x)`` with a removable singularity at 0 (``sin(x)/x``), printed as
   a Taylor polynomial near 0 and the closed form elsewhere, each at a guarded argument.
 """
@@ -367,11 +367,11 @@ class guard(StableFunction):  # noqa: N801
     Substituted for a symbol inside a Piecewise branch, with the branch's condition and
     the earlier branches' conditions (``earlier``, their Or; absent for the first branch),
     it is ``x`` exactly where the branch is taken, and cuts the branch off from ``x``
-    elsewhere: its own torch.where's backward passes 0 there, whatever the branch's backward
-    made of the outer where's zero (the "double where"). ``earlier`` is printed negated with ``~``, as the nested
-    torch.where that selects the branch treats it: where an earlier condition is nan
-    (log(x) > 1 at x < 0) it does not hold, while SymPy's own negation, log(x) <= 1, would
-    not hold either (found in review).
+    elsewhere: its own torch.where's backward passes 0 there, whatever the branch's
+    backward made of the outer where's zero (the "double where"). ``earlier`` is printed
+    negated with ``~``, as the nested torch.where that selects the branch treats it: where
+    an earlier condition is nan (log(x) > 1 at x < 0) it does not hold, while SymPy's own
+    negation, log(x) <= 1, would not hold either (found in review).
     """
 
     nargs = (3, 4)
