@@ -606,7 +606,8 @@ def _rule_xlogy(node: sympy.Expr):
     """``u*log(b)**k`` -> ``xlogy(...xlogy(u, b)..., b)`` (k times, k a positive integer): 0
     where u is 0, as the mathematics is wherever u vanishes faster than the log grows. A
     power of the log comes from differentiating b**y by y twice: --save speed's d2/dy2 of
-    Max(x, 0)**y, b**y*log(b)**2, was 0*inf = nan at every x < 0 (found in review)."""
+    Max(x, 0)**y, b**y*log(b)**2, was 0*inf = nan at every x < 0 (found next to fuzz
+    campaign 4132's finds)."""
     if not node.is_Mul:
         return None
     factors = sympy.Mul.make_args(node)
@@ -633,7 +634,8 @@ def _rule_xlogy_absorbs(node: sympy.Expr):
     """``(xlogy(c, b) + r)*F`` -> ``xlogy(c*F, b) + r*F`` where ``F`` holds a power of
     ``b``: xlogy is then 0 where F is (b = 0), as the product is in the limit. --save
     speed's d2/dxdy of Max(x, 0)**y, (1 + xlogy(y, b))*b**(y - 1), was -inf*0 = nan at
-    every x < 0 (found in review)."""
+    every x < 0 (found next to fuzz campaign 4132's finds, as were the campaign's own
+    (x > c)**e and Heaviside(x)**e)."""
     if not node.is_Mul:
         return None
     for sum_ in (f for f in node.args if f.is_Add):
@@ -647,8 +649,8 @@ def _rule_xlogy_absorbs(node: sympy.Expr):
 
 def _rule_same_base(node: sympy.Expr):
     """``b**e/b`` -> ``b**(e - 1)`` (SymPy keeps them apart for a symbolic ``e``): 0/0 =
-    nan where b = 0 as written. Found in review, in --save speed's d2/dxdy of
-    Max(x, 0)**y."""
+    nan where b = 0 as written. Found next to fuzz campaign 4132's finds, in --save
+    speed's d2/dxdy of Max(x, 0)**y."""
     if not node.is_Mul:
         return None
     bases = [f.as_base_exp()[0] for f in node.args if not f.is_number]

@@ -780,9 +780,10 @@ def test_untaken_branch_double_backward_is_exact_wherever_the_math_is_finite(tex
 @pytest.mark.parametrize("save", ["memory", "speed"])
 def test_second_derivatives_of_a_power_whose_base_reaches_zero(save, device):
     """Max(x, 0)**y is 0 for x < 0, and so are all its derivatives there. --save speed's
-    second derivatives were nan there (found in review): d2/dy2 as b**y*log(b)**2, 0*inf;
-    d2/dxdy as (1 + xlogy(y, b))*b**y/b, -inf*0 and 0/0. Now nested xlogy, xlogy with the
-    power inside, and b**(y - 1) (stable._rule_xlogy, _rule_xlogy_absorbs, _rule_same_base)."""
+    second derivatives were nan there (found next to fuzz campaign 4132's finds): d2/dy2
+    as b**y*log(b)**2, 0*inf; d2/dxdy as (1 + xlogy(y, b))*b**y/b, -inf*0 and 0/0. Now
+    nested xlogy, xlogy with the power inside, and b**(y - 1) (stable._rule_xlogy,
+    _rule_xlogy_absorbs, _rule_same_base)."""
     source = generate_source("Max(x, 0)**y", "RampPower", save=save, domain={"x": (-2.0, 2.0), "y": (2.5, 4.0)})
     function = _exec_module(source, "ramp_power")["ramp_power"]
     x = torch.tensor([-1.0, 0.5, 1.5], dtype=torch.float64, device=device, requires_grad=True)
