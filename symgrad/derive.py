@@ -569,13 +569,12 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
         )
     except (TypeError, ValueError, KeyError):
         return False
-    failures = PROBE_FAILURES
     for magnitude in REUSE_PROBES:
         for point in (mpmath.mpf(magnitude), mpmath.mpf(-magnitude)):
             try:
                 with mpmath.workprec(80):
                     exact = _as_mpf(evaluate_reference(point))
-            except failures:
+            except PROBE_FAILURES:
                 continue  # outside the function's domain: no constraint here
             if not (isinstance(exact, mpmath.mpf) and mpmath.isfinite(exact)):
                 continue
@@ -589,12 +588,12 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
                     before = _as_mpf(evaluate_reference(point))
                 if isinstance(before, mpmath.mpf) and mpmath.isfinite(before):
                     allowed = max(allowed, abs(before - exact))
-            except failures:
+            except PROBE_FAILURES:
                 pass  # the form it replaces fails here in float32 too: allow the 16 ulps
             try:
                 with mpmath.workprec(24):
                     got = _as_mpf(evaluate_candidate(point))
-            except failures:
+            except PROBE_FAILURES:
                 return False  # fails (1/0, say) where the mathematics is finite
             if not (isinstance(got, mpmath.mpf) and mpmath.isfinite(got)) or abs(got - exact) > allowed:
                 return False

@@ -647,6 +647,16 @@ def _rule_xlogy_absorbs(node: sympy.Expr):
     return None
 
 
+def _absorbed(term: sympy.Expr, factor: sympy.Expr, base: sympy.Expr) -> sympy.Expr:
+    """``term*factor``, with ``factor`` inside ``term``'s xlogy of ``base`` if it has one."""
+    factors = sympy.Mul.make_args(term)
+    logs = [f for f in factors if isinstance(f, xlogy) and f.args[1] == base]
+    if len(logs) != 1:
+        return term * factor
+    others = sympy.Mul(*(f for f in factors if f is not logs[0]))
+    return xlogy(logs[0].args[0] * others * factor, base)
+
+
 def _rule_same_base(node: sympy.Expr):
     """``b**e/b`` -> ``b**(e - 1)`` (SymPy keeps them apart for a symbolic ``e``): 0/0 =
     nan where b = 0 as written. Found next to fuzz campaign 4132's finds, in --save
@@ -658,16 +668,6 @@ def _rule_same_base(node: sympy.Expr):
         return None
     combined = sympy.powsimp(node, combine="exp")
     return combined if combined != node else None
-
-
-def _absorbed(term: sympy.Expr, factor: sympy.Expr, base: sympy.Expr) -> sympy.Expr:
-    """``term*factor``, with ``factor`` inside ``term``'s xlogy of ``base`` if it has one."""
-    factors = sympy.Mul.make_args(term)
-    logs = [f for f in factors if isinstance(f, xlogy) and f.args[1] == base]
-    if len(logs) != 1:
-        return term * factor
-    others = sympy.Mul(*(f for f in factors if f is not logs[0]))
-    return xlogy(logs[0].args[0] * others * factor, base)
 
 
 def _rule_tanh_half(node: sympy.Expr):
