@@ -194,12 +194,49 @@ class _autograd_sigmoid(sigmoid):  # noqa: N801 (SymPy's naming)
         return self * (1 - self)
 
 
+class _autograd_power(sympy.Function):  # noqa: N801 (SymPy's naming)
+    """base**exponent, differentiated as autograd differentiates torch's pow and sqrt: into
+    a factor of its own, exponent*base**(exponent - 1), times the rest of the chain.
+
+    SymPy joins powers of one base, so its derivative of sqrt(1 - s) times s's (1 - s) is
+    sqrt(1 - s), finite; autograd computes (1 - s) / (2*sqrt(1 - s)), 0/0 = nan where 1 - s
+    has rounded to 0 (atan(exp(x**x))'s gradient reuses sqrt(1 - sigmoid(2*x**x)), and its
+    double backward was nan from x = 2.9 in float64; found by the fuzz campaign).
+    """
+
+    nargs = 2
+
+    def fdiff(self, argindex=1):
+        base, exponent = self.args
+        if argindex == 1:
+            return exponent * _autograd_power(base, exponent - 1)
+        return self * sympy.log(base)
+
+    def _mpmathcode(self, printer):
+        # The probes' guarded power (probe._ProbePrinter), one factor still.
+        return f"_probe_power({printer._print(self.args[0])}, {printer._print(self.args[1])})"
+
+
+def _powers_as_factors(expr: sympy.Basic) -> sympy.Basic:
+    """``expr`` with each power of a variable base as an _autograd_power, but inside
+    conditions, which are never differentiated (and may hold a CRootOf, whose polynomial
+    cannot be rebuilt from other parts: campaign 33's x > x**4/2 - 1/2)."""
+    if expr.is_Atom or isinstance(expr, sympy.logic.boolalg.Boolean) or not expr.free_symbols:
+        return expr
+    args = tuple(_powers_as_factors(a) for a in expr.args)
+    if expr.is_Pow and expr.base.free_symbols:
+        return _autograd_power(*args)
+    return expr.func(*args) if args != expr.args else expr
+
+
 def _autograd_derivative(formula: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr | None:
     """The derivative of ``formula`` by ``symbol`` as autograd computes it from the printed
-    code, operation by operation and unsimplified (torch.sigmoid's by its output); None where
-    SymPy cannot write it."""
+    code, operation by operation and unsimplified (torch.sigmoid's by its output, a power's
+    as a factor of its own); None where SymPy cannot write it."""
+    printed = _as_printed(formula).replace(sigmoid, _autograd_sigmoid)
+    printed = _powers_as_factors(printed)
     try:
-        derivative = _differentiate(_as_printed(formula).replace(sigmoid, _autograd_sigmoid), symbol)
+        derivative = _differentiate(printed, symbol)
     except SymgradError:
         return None
     return derivative.replace(_autograd_sigmoid, sigmoid)
@@ -1193,7 +1230,11 @@ def _mixes_trig(expr: sympy.Expr) -> bool:
     # (and trig inside trig: the speed-mode second derivative of sinh((x + 1)*sinh(x)) ran
     # for minutes in polynomial division; found by the fuzz campaign)
     nested = any(isinstance(node, _TRIG) and node.args[0].has(*_TRIG) for node in sympy.preorder_traversal(expr))
-    return others or radicals or nested
+    # (and trig in a sum raised to a power: trigsimp ran for minutes on the second derivative
+    # of (tanh(x) - x**-2)**-2, with (tanh(x) - 1/x**2)**-3 and **-4 in it; found by fuzz
+    # campaign 4134)
+    powered = any(p.base.is_Add and p.base.has(*_TRIG) and abs(p.exp) > 1 for p in expr.atoms(sympy.Pow) if p.exp.is_Number)
+    return others or radicals or nested or powered
 
 
 def _piecewise_branches(expr: sympy.Expr) -> int:

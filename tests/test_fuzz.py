@@ -542,6 +542,14 @@ CAMPAIGN_FINDS = [
         254547735,
         "passed",
     ),
+    # Campaign 4134 (pre-existing): the gradient reuses sqrt(1 - sigmoid(2*x**x)), and the
+    # double-backward probe differentiated it as SymPy does, joining (1 - s)/sqrt(1 - s) into
+    # sqrt(1 - s); autograd computes 0/0 = nan where 1 - s rounds to 0 (x = 2.9 here). The
+    # probe now keeps each power a factor of its own (derive._autograd_power).
+    ("(atan(exp((x)**(x)))) + ((x) * (((0) / (1)) + ((x) * (1))))", 0, "passed"),
+    # ... and simplify's trigsimp ran for minutes on the second derivative, with
+    # (tanh(x) - 1/x**2)**-3 and **-4 in it: trig in a power of a sum is now a symbol there.
+    ("sum(((tanh(x)) - ((x)**(-2)))**(-2))", 2147483646, "passed"),
     # Campaign 4106 (pre-existing): CSE folded output 2, x - 1/2 over 1/2 - x, to -0.5, so
     # forward returned a number and mark_non_differentiable raised (a crash). Refused now.
     ("x, ((((0.5) / (x)) * ((x) - (0.5))) / (-((x) - (0.5)))) * (x)", 1, "output 2 is constant (-0.5) wherever it is defined"),
