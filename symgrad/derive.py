@@ -1246,12 +1246,15 @@ def _piecewise_branches(expr: sympy.Expr) -> int:
     return branches
 
 
-def _condition_comparisons(expr: sympy.Expr) -> int:
-    """How many comparisons the conditions of ``expr``'s Piecewise hold, repeats included."""
+def _condition_comparisons(expr: sympy.Expr, disjunctive: bool = False) -> int:
+    """How many comparisons the conditions of ``expr``'s Piecewise hold, repeats included;
+    ``disjunctive``: once each condition is in disjunctive normal form, as piecewise_simplify
+    puts it to find its intervals."""
     return sum(
         sum(1 for node in sympy.preorder_traversal(condition) if isinstance(node, sympy.core.relational.Relational))
         for piecewise in expr.atoms(sympy.Piecewise)
         for _, condition in piecewise.args
+        for condition in ([sympy.to_dnf(condition)] if disjunctive else [condition])
     )
 
 
@@ -1287,6 +1290,11 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
     if _condition_comparisons(expr) > SIMPLIFY_MAX_COMPARISONS:
         # simplify's logic minimisation on a condition of 17 comparisons (a Piecewise inside
         # another's condition, expanded) ran for over 10 minutes (found by fuzz campaign 37)
+        return False
+    if _condition_comparisons(expr, disjunctive=True) > SIMPLIFY_MAX_COMPARISONS:
+        # ... and on 8 that a negated conjunction doubles (a | ~(b & c & d)) | (b & c & d & e)
+        # spreads into 4 conjunctions of 10): 42 s on its own (found by fuzz campaign 4135).
+        # Bounded: the 8 comparisons above make at most 2**8 conjunctions.
         return False
     if any(abs(r.q) > SIMPLIFY_MAX_DENOMINATOR for r in expr.atoms(sympy.Rational)):
         return False

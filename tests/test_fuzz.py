@@ -550,6 +550,17 @@ CAMPAIGN_FINDS = [
     # ... and simplify's trigsimp ran for minutes on the second derivative, with
     # (tanh(x) - 1/x**2)**-3 and **-4 in it: trig in a power of a sum is now a symbol there.
     ("sum(((tanh(x)) - ((x)**(-2)))**(-2))", 2147483646, "passed"),
+    # Campaign 4135 (pre-existing): piecewise_simplify spread a condition of 8 comparisons,
+    # (a & ~(b & c & d)) | (b & c & d & e), into 10 and ran for over a minute on a --save
+    # speed second derivative (derive._simplify_is_bounded now counts them spread out).
+    (
+        "mean((((Piecewise((log(x, 10), (x) > (x)), (Piecewise((x, (x) > (x)), (x, True)), (((x) < (2.5))"
+        " and ((x) <= (x) < (x))) and ((x) <= (x))), (exp(0.5), True))) <= (Piecewise((Min(x), not (((E)"
+        " < (x) <= (10)) and (not ((x) >= (pi))))), ((x)**(-2), True))))) * ((-(-(2.5))) - (Max(atanh(x),"
+        " x, cos(x)))))",
+        1907,
+        "passed",
+    ),
     # Campaign 4106 (pre-existing): CSE folded output 2, x - 1/2 over 1/2 - x, to -0.5, so
     # forward returned a number and mark_non_differentiable raised (a crash). Refused now.
     ("x, ((((0.5) / (x)) * ((x) - (0.5))) / (-((x) - (0.5)))) * (x)", 1, "output 2 is constant (-0.5) wherever it is defined"),
