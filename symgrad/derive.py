@@ -1250,11 +1250,12 @@ def _condition_comparisons(expr: sympy.Expr, disjunctive: bool = False) -> int:
     """How many comparisons the conditions of ``expr``'s Piecewise hold, repeats included;
     ``disjunctive``: once each condition is in disjunctive normal form, as piecewise_simplify
     puts it to find its intervals."""
+    conditions = [condition for piecewise in expr.atoms(sympy.Piecewise) for _, condition in piecewise.args]
+    if disjunctive:
+        conditions = [sympy.to_dnf(condition) for condition in conditions]
     return sum(
         sum(1 for node in sympy.preorder_traversal(condition) if isinstance(node, sympy.core.relational.Relational))
-        for piecewise in expr.atoms(sympy.Piecewise)
-        for _, condition in piecewise.args
-        for condition in ([sympy.to_dnf(condition)] if disjunctive else [condition])
+        for condition in conditions
     )
 
 
@@ -1292,9 +1293,9 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         # another's condition, expanded) ran for over 10 minutes (found by fuzz campaign 37)
         return False
     if _condition_comparisons(expr, disjunctive=True) > SIMPLIFY_MAX_COMPARISONS:
-        # ... and on 8 that a negated conjunction doubles (a | ~(b & c & d)) | (b & c & d & e)
-        # spreads into 4 conjunctions of 10): 42 s on its own (found by fuzz campaign 4135).
-        # Bounded: the 8 comparisons above make at most 2**8 conjunctions.
+        # ... and on 8 that a negated conjunction spreads out: (a & ~(b & c & d)) | (b & c & d &
+        # e) is 4 conjunctions of 10 comparisons, and took 42 s on its own (found by fuzz
+        # campaign 4135). Bounded: 8 comparisons spread into at most 2**8 conjunctions.
         return False
     if any(abs(r.q) > SIMPLIFY_MAX_DENOMINATOR for r in expr.atoms(sympy.Rational)):
         return False
