@@ -212,6 +212,10 @@ class _autograd_power(sympy.Function):  # noqa: N801 (SymPy's naming)
             return exponent * _autograd_power(base, exponent - 1)
         return self * sympy.log(base)
 
+    def _eval_evalf(self, prec):
+        # (A param fixed at its value makes a number of it, which Max and Min compare.)
+        return sympy.Pow(*self.args)._eval_evalf(prec)
+
     def _mpmathcode(self, printer):
         # The probes' guarded power (probe._ProbePrinter), one factor still.
         return f"_probe_power({printer._print(self.args[0])}, {printer._print(self.args[1])})"
@@ -219,8 +223,7 @@ class _autograd_power(sympy.Function):  # noqa: N801 (SymPy's naming)
 
 def _powers_as_factors(expr: sympy.Basic) -> sympy.Basic:
     """``expr`` with each power of a variable base as an _autograd_power, but inside
-    conditions, which are never differentiated (and may hold a CRootOf, whose polynomial
-    cannot be rebuilt from other parts: campaign 33's x > x**4/2 - 1/2)."""
+    conditions, which are never differentiated."""
     if expr.is_Atom or isinstance(expr, sympy.logic.boolalg.Boolean) or not expr.free_symbols:
         return expr
     args = tuple(_powers_as_factors(a) for a in expr.args)
@@ -268,10 +271,11 @@ def autograd_loses_second_derivatives(
     if _beyond_second_derivative_bounds(raw) or len((formula.free_symbols | raw.free_symbols) - set(fixed)) > 3:
         return False  # (four symbols: finite_where_the_math_is does not probe them)
     for symbol in symbols:
-        autograd = _autograd_derivative(formula, symbol)
+        # (fixed first: a param is never differentiated, and as a number it folds)
+        autograd = _autograd_derivative(formula.xreplace(fixed), symbol)
         if autograd is None:
             return False
-        if not finite_where_the_math_is(autograd.xreplace(fixed), _differentiate(raw, symbol).xreplace(fixed)):
+        if not finite_where_the_math_is(autograd, _differentiate(raw, symbol).xreplace(fixed)):
             return True
     return False
 
@@ -1295,7 +1299,7 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
     if _condition_comparisons(expr, disjunctive=True) > SIMPLIFY_MAX_COMPARISONS:
         # ... and on 8 that a negated conjunction spreads out: (a & ~(b & c & d)) | (b & c & d &
         # e) is 4 conjunctions of 10 comparisons, and took 42 s on its own (found by fuzz
-        # campaign 4135). Bounded: 8 comparisons spread into at most 2**8 conjunctions.
+        # campaign 4135). Bounded: 8 comparisons spread into at most 18 conjunctions (3*3*2).
         return False
     if any(abs(r.q) > SIMPLIFY_MAX_DENOMINATOR for r in expr.atoms(sympy.Rational)):
         return False

@@ -1515,6 +1515,41 @@ def test_second_derivative_function_only_where_autograd_would_fail(expr, expecte
         assert "_CaseDerivative" not in backward
 
 
+def test_second_derivative_probe_keeps_each_power_a_factor(device):
+    """autograd differentiates sqrt(1 - s) into (1 - s)'s derivative over 2*sqrt(1 - s):
+    0/0 = nan where 1 - s has rounded to 0, which SymPy's own derivative, joining the powers
+    into sqrt(1 - s), hid. atan(exp(x**x))'s gradient reuses sqrt(1 - sigmoid(2*x**x)), and
+    its double backward was nan from x = 2.9 in float64 (found by fuzz campaign 4134)."""
+    from symgrad.derive import autograd_loses_second_derivatives
+
+    u = X**X
+    formula = 2 * X + u * sympy.sqrt(1 - sf.sigmoid(2 * u)) * sympy.sqrt(sf.sigmoid(2 * u)) * (sympy.log(X) + 1)
+    raw = sympy.diff(sympy.atan(sympy.exp(u)) + X**2, X)
+    assert autograd_loses_second_derivatives(formula, raw, (X,))
+    assert not autograd_loses_second_derivatives(3 * X**2, 3 * X**2, (X,))  # x**3's: nothing rounds to 0
+    assert not autograd_loses_second_derivatives(sympy.sqrt(X) / X, sympy.sqrt(X) / X, (X,))
+    source = generate_source("atan(exp(x**x)) + x**2", "AtanExpPower")
+    assert "class _AtanExpPowerDerivative(torch.autograd.Function)" in source
+    function = _exec_module(source, "atan_exp_power")["atan_exp_power"]
+    x = torch.tensor([0.5, 2.9, 3.5, 5.0], dtype=torch.float64, device=device, requires_grad=True)
+    (gradient,) = torch.autograd.grad(function(x).sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(gradient.sum(), x)
+    exact = sympy.lambdify([X], sympy.diff(raw, X), modules="mpmath")
+    for k in range(4):
+        assert second[k].item() == pytest.approx(float(exact(mpmath.mpf(x[k].item()))), rel=1e-12)
+
+
+def test_second_derivative_probe_with_a_param_inside_max():
+    """With four symbols the params are fixed at their sample values before the probe, and a
+    power of one was a number SymPy's Max could not compare: an internal error (found in
+    review of the power-as-a-factor probe)."""
+    source = generate_source("x*y*Max(sqrt(a), x)*b", "ParamMax", params=["a", "b"])
+    function = _exec_module(source, "param_max")["param_max"]
+    x = torch.tensor([0.5, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([1.5, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
+    assert gradgradcheck(lambda x, y: function(x, y, 3.0, 0.5), (x, y))
+
+
 @pytest.mark.parametrize(
     "expr, kwargs",
     [
