@@ -958,3 +958,35 @@ def test_simplify_skips_piecewise_conditions_of_many_comparisons():
     large = sympy.Piecewise((x**2, condition), (x, True))
     assert _condition_comparisons(large) > SIMPLIFY_MAX_COMPARISONS
     assert not _simplify_is_bounded(large)
+
+
+def test_simplify_counts_comparisons_in_disjunctive_form():
+    """derive._simplify_is_bounded: 8 comparisons as written, but 10 once piecewise_simplify
+    spreads the negated conjunction out, is not simplified (42 s in SymPy alone; campaign
+    4135); the same condition without the negation is."""
+    import sympy
+
+    from symgrad.derive import _condition_comparisons, _simplify_is_bounded
+
+    x = sympy.Symbol("x", real=True)
+    inner = (x <= 10) & (x > sympy.E) & (x < sympy.pi)
+    spread = sympy.Piecewise((1, ((x >= sympy.Rational(33, 20)) & ~inner) | (inner & (x**-2 >= sympy.Rational(33, 20)))), (0, True))
+    assert _condition_comparisons(spread) == 8
+    assert _condition_comparisons(spread, disjunctive=True) == 10
+    assert not _simplify_is_bounded(spread)
+    plain = sympy.Piecewise((1, ((x >= sympy.Rational(33, 20)) & inner) | (inner & (x**-2 >= sympy.Rational(33, 20)))), (0, True))
+    assert _simplify_is_bounded(plain)
+
+
+def test_trig_in_a_power_of_a_sum_is_abstracted():
+    """derive._mixes_trig: trigsimp ran for minutes over (tanh(x) - 1/x**2)**-3 and **-4 in
+    a second derivative (campaign 4134), so trig calls in a sum raised to a power become
+    symbols while simplifying; a plain tanh(x)**2, or a sum to the power 1, does not."""
+    import sympy
+
+    from symgrad.derive import _mixes_trig
+
+    x = sympy.Symbol("x", real=True)
+    assert _mixes_trig((sympy.tanh(x) - x**-2) ** -3)
+    assert not _mixes_trig(1 - sympy.tanh(x) ** 2)
+    assert not _mixes_trig(x / (sympy.tanh(x) - x**-2))
