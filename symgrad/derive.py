@@ -201,7 +201,7 @@ class _autograd_power(sympy.Function):  # noqa: N801 (SymPy's naming)
     SymPy joins powers of one base, so its derivative of sqrt(1 - s) times s's (1 - s) is
     sqrt(1 - s), finite; autograd computes (1 - s) / (2*sqrt(1 - s)), 0/0 = nan where 1 - s
     has rounded to 0 (atan(exp(x**x))'s gradient reuses sqrt(1 - sigmoid(2*x**x)), and its
-    double backward was nan from x = 2.9 in float64; found by the fuzz campaign).
+    double backward was nan from x = 2.9 in float64; found by fuzz campaign 4134).
     """
 
     nargs = 2
