@@ -232,12 +232,16 @@ def _powers_as_factors(expr: sympy.Basic) -> sympy.Basic:
     return expr.func(*args) if args != expr.args else expr
 
 
-def _autograd_derivative(formula: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr | None:
-    """The derivative of ``formula`` by ``symbol`` as autograd computes it from the printed
-    code, operation by operation and unsimplified (torch.sigmoid's by its output, a power's
-    as a factor of its own); None where SymPy cannot write it."""
-    printed = _as_printed(formula).replace(sigmoid, _autograd_sigmoid)
-    printed = _powers_as_factors(printed)
+def _as_autograd_differentiates(formula: sympy.Expr) -> sympy.Expr:
+    """``formula`` as printed, with torch.sigmoid (by its output) and powers (a factor of
+    their own) differentiating as autograd differentiates them: for _autograd_derivative."""
+    return _powers_as_factors(_as_printed(formula).replace(sigmoid, _autograd_sigmoid))
+
+
+def _autograd_derivative(printed: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr | None:
+    """The derivative by ``symbol`` of a formula as autograd computes it from the printed
+    code (``printed``: its _as_autograd_differentiates form), operation by operation and
+    unsimplified; None where SymPy cannot write it."""
     try:
         derivative = _differentiate(printed, symbol)
     except SymgradError:
@@ -270,9 +274,10 @@ def autograd_loses_second_derivatives(
     fixed = fixed or {}
     if _beyond_second_derivative_bounds(raw) or len((formula.free_symbols | raw.free_symbols) - set(fixed)) > 3:
         return False  # (four symbols: finite_where_the_math_is does not probe them)
+    # (fixed first: a param is never differentiated, and as a number it folds)
+    printed = _as_autograd_differentiates(formula.xreplace(fixed))
     for symbol in symbols:
-        # (fixed first: a param is never differentiated, and as a number it folds)
-        autograd = _autograd_derivative(formula.xreplace(fixed), symbol)
+        autograd = _autograd_derivative(printed, symbol)
         if autograd is None:
             return False
         if not finite_where_the_math_is(autograd, _differentiate(raw, symbol).xreplace(fixed)):
