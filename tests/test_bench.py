@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
 
 
@@ -25,34 +27,72 @@ def test_benchmark_runs_and_reports_every_variant():
     out = result.stdout
     assert "ERROR" not in out and "generation failed" not in out, out
     assert "| Double | 1e+03 |" in out and "| Mish | 1e+03 |" in out, out
-    for line in ("default/eager time", "fused/compile time", "default/eager kernels", "default/eager saved bytes"):
+    for line in ("default/eager time", "fused/compile time", "default/eager kernels", "default/eager saved bytes", "floor/eager saved bytes"):
         assert line in out, line
 
 
-def test_every_expression_has_a_baseline_with_the_same_values(tmp_path):
-    """bench.BASELINES, the hand-written torch code the generated modules are timed against,
-    computes the same function as the expression (checked on the default module)."""
-    import importlib.util
-
-    import torch
-
+@pytest.fixture(scope="module")
+def bench():
     sys.path.insert(0, str(BENCH.parent))
     try:
         import bench
     finally:
         sys.path.remove(str(BENCH.parent))
+    return bench
+
+
+@pytest.fixture(scope="module")
+def default_modules(bench, tmp_path_factory):
+    """Each benchmark expression's default module, as bench.generate writes it."""
+    import importlib.util
+
     import symgrad
 
-    assert {e[0] for e in bench.EXPRESSIONS} == set(bench.BASELINES)
+    directory = tmp_path_factory.mktemp("bench_modules")
+    modules = {}
     for name, expr, inputs, domain in bench.EXPRESSIONS:
-        path = tmp_path / f"{name.lower()}.py"
+        path = directory / f"{name.lower()}.py"
         path.write_text(symgrad.generate_source(expr, name, inputs=inputs, domain=domain))
         spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        modules[name] = module
+    return modules
+
+
+def test_every_expression_has_a_baseline_with_the_same_values(bench, default_modules):
+    """bench.BASELINES, the hand-written torch code the generated modules are timed against,
+    computes the same function as the expression (checked on the default module)."""
+    import torch
+
+    assert {e[0] for e in bench.EXPRESSIONS} == set(bench.BASELINES)
+    for module in default_modules.values():
         xs = [x.detach().double() for x in bench.make_inputs(torch, module, 64, "cpu")]
         want = getattr(module, module.__symgrad__["alias"])(*xs)
         torch.testing.assert_close(bench.baseline(torch, module)(*xs), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "expr, inputs, tensors",
+    [
+        ("2*x", ["x"], 0),  # linear: backward needs nothing
+        ("x + 3*y", ["x", "y"], 0),
+        ("exp(x)", ["x"], 1),
+        ("sum(x**2)", ["x"], 1),
+        ("exp(x) + y", ["x", "y"], 1),  # y's gradient is constant
+        ("exp(x + y)", ["x", "y"], 1),  # both gradients are the one value exp(x + y)
+        ("x*y+exp(-x)*log(1+y**2)", ["x", "y"], 2),
+    ],
+)
+def test_saved_bytes_floor_is_the_rank_of_the_hessian(bench, expr, inputs, tensors):
+    assert bench.saved_floor_tensors(expr, inputs, None) == tensors
+
+
+def test_default_plan_saves_the_floor_on_every_benchmark_expression(bench, default_modules):
+    """The saved-bytes target is measured against this floor: the default plan reaches it."""
+    for name, expr, inputs, _domain in bench.EXPRESSIONS:
+        module = default_modules[name]
+        assert len(module.__symgrad__["saved"]) == bench.saved_floor_tensors(expr, inputs, module), name
 
 
 def test_ab_compares_two_folders_of_modules(tmp_path):
