@@ -162,6 +162,10 @@ CASES = [
     # Found by an accuracy hunt: cosh overflows (inf from |x| = 89 in float32), and log(1 + ...)
     # loses the small part near 0; stable._log_cosh.
     Case("logcosh", "log(cosh(x))", lambda x: mpmath.log(mpmath.cosh(x))),
+    # Found by an accuracy hunt over hand-written formulas: asinh by its definition cancels for
+    # x < 0 (-inf from x = -4096 in float32, 0 at -1e-30); stable._asinh_argument.
+    Case("asinh_log", "log(x+sqrt(x**2+1))", mpmath.asinh, kernel=torch.asinh),
+    Case("asinh_log_neg", "log(sqrt(4*x**2+1)-2*x)", lambda x: -mpmath.asinh(2 * x)),
     # Its derivative computed as 1/(1 + |x|) - x*sign(x)/(1 + |x|)**2 cancelled at large |x|
     # (derive._absolute_values).
     Case("softsign", "x/(1+abs(x))", lambda x: x / (1 + abs(x)), kernel=F.softsign, where=lambda x: x != 0),
@@ -596,6 +600,8 @@ EQUALITY_EXPRS = [
     2 * sympy.exp(X) + sympy.exp(Y) - 3,
     1 - sympy.cos(X),
     sympy.log(1 + X**2),
+    sympy.log(X + sympy.sqrt(X**2 + 1)),
+    sympy.log(sympy.sqrt(4 * X**2 * Y**2 + 1) - 2 * X * Y),
     sympy.log(sympy.exp(X) + sympy.exp(Y) + sympy.exp(X * Y)),
     sympy.exp(X) / (sympy.exp(X) + sympy.exp(Y) + 1),
     sympy.exp(X**2) * sympy.exp(-(X**2) - X),
@@ -1252,6 +1258,11 @@ def test_rewrites_found_by_the_accuracy_hunt_reach_their_forms():
     # log(cosh(u)): two branches, neither of which overflows or cancels
     logcosh = stabilize(sympy.log(sympy.cosh(x)))
     assert logcosh.has(sympy.Piecewise) and not logcosh.has(sympy.cosh)
+    # asinh by its definition, either sign; not where the constant under the root is not 1
+    assert stabilize(sympy.log(x + sympy.sqrt(x**2 + 1))) == sympy.asinh(x)
+    assert stabilize(sympy.log(sympy.sqrt(x**2 * Y**2 + 1) - x * Y)) == -sympy.asinh(x * Y)
+    assert not stabilize(sympy.log(x + sympy.sqrt(x**2 + 2))).has(sympy.asinh)
+    assert not stabilize(sympy.log(Y + sympy.sqrt(x**2 + 1))).has(sympy.asinh)
 
 
 def test_log_cosh_is_finite_where_cosh_overflows(gen_dir, device):
