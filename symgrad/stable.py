@@ -438,18 +438,29 @@ def _asinh_argument(arg: sympy.Expr) -> sympy.Expr | None:
 
     As written, u + hypot(u, 1) cancels for u < 0: in float32 the log is 1e-4 off at
     u = -100 and -inf from u = -4096, and 0 at u = -1e-30; torch.asinh is within an ulp
-    (found by an accuracy hunt over formulas users write by hand). The sqrt is already
-    hypot(u, 1) here: the rules run bottom-up.
+    (found by an accuracy hunt over formulas users write by hand). The rules run
+    bottom-up, so the root is already hypot(u, 1) here, or hypot_excess(u, 1) (which is
+    hypot(u, 1) - 1) where u has a negative constant term; and u + hypot(u, 1) may be
+    flattened into one sum with u's own terms (found in review).
     """
-    if not (arg.is_Add and len(arg.args) == 2):
+    if not arg.is_Add:
         return None
-    for root, other in (arg.args, reversed(arg.args)):
-        if isinstance(root, hypot) and 1 in root.args:
-            u = root.args[0] if root.args[1] == 1 else root.args[1]
-            if other == u:
-                return sympy.asinh(u)
-            if other == -u:
-                return -sympy.asinh(u)
+
+    def one(v: sympy.Expr) -> bool:
+        return bool((v - 1).is_zero)  # (Float(1.0) == 1 is False in SymPy)
+
+    for term in arg.args:
+        if isinstance(term, hypot) and any(map(one, term.args)):
+            rest = arg - term
+        elif isinstance(term, hypot_excess) and one(term.args[1]):
+            rest = arg - term - 1
+        else:
+            continue
+        u = term.args[1] if one(term.args[0]) else term.args[0]
+        if _expand(rest - u) == 0:
+            return sympy.asinh(u)
+        if _expand(rest + u) == 0:
+            return -sympy.asinh(u)
     return None
 
 

@@ -1262,6 +1262,13 @@ def test_rewrites_found_by_the_accuracy_hunt_reach_their_forms():
     assert stabilize(sympy.log(x + sympy.sqrt(x**2 + 1))) == sympy.asinh(x)
     assert stabilize(sympy.log(sympy.sqrt(x**2 * Y**2 + 1) - x * Y)) == -sympy.asinh(x * Y)
     assert not stabilize(sympy.log(x + sympy.sqrt(x**2 + 2))).has(sympy.asinh)
+    # ... where u is a sum, flattened into the log's argument, or has a negative constant
+    # (its root is then hypot_excess), or the 1 is a float (found in review)
+    for u in (x - Y, (x - Y) / 2, x + 1, 3 * x - 1):
+        assert stabilize(sympy.log(u + sympy.sqrt(u**2 + 1))) == sympy.asinh(u), u
+        assert stabilize(sympy.log(sympy.sqrt(u**2 + 1) - u)) == -sympy.asinh(u), u
+    assert stabilize(sympy.log(x + sympy.sqrt(x**2 + sympy.Float(1)))) == sympy.asinh(x)
+    assert not stabilize(sympy.log(x + 1 + sympy.sqrt(x**2 + 1))).has(sympy.asinh)
     assert not stabilize(sympy.log(Y + sympy.sqrt(x**2 + 1))).has(sympy.asinh)
 
 
