@@ -89,6 +89,10 @@ def test_every_expression_has_a_baseline_with_the_same_values(bench, default_mod
         ("1/(1+exp(-(x+3*y+z+w/11)))", ["x", "y", "z", "w"], 1),
         ("x*y+exp(-x)*log(1+y**2)", ["x", "y"], 2),
         ("x*y*z*w", ["x", "y", "z", "w"], 4),
+        # several outputs: what is saved must serve every output's gradient
+        ("exp(x), 2*exp(x)", ["x"], 1),
+        ("x*y, x + y", ["x", "y"], 2),
+        ("exp(x), y**2", ["x", "y"], 2),
     ],
 )
 def test_saved_bytes_floor_is_the_rank_of_the_hessian(bench, expr, inputs, tensors):
