@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import mpmath
 import sympy
+from sympy.codegen.cfunctions import expm1
 
 from .errors import SymgradError
 from .kernels import whole_gradient_kernel
@@ -194,6 +195,15 @@ class _autograd_sigmoid(sigmoid):  # noqa: N801 (SymPy's naming)
         return self * (1 - self)
 
 
+class _autograd_expm1(expm1):  # noqa: N801 (SymPy's naming)
+    """expm1, differentiated as autograd differentiates torch.expm1: y + 1 (derivatives.yaml),
+    which is 0 in float32 from u = -17, where the exact exp(u) is 4e-8 (the VAE's KL term
+    (mu**2 + exp(lv) - 1 - lv)/2, whose gradient is expm1(lv)/2: found by an accuracy hunt)."""
+
+    def fdiff(self, argindex=1):
+        return self + 1
+
+
 class _autograd_power(sympy.Function):  # noqa: N801 (SymPy's naming)
     """base**exponent, differentiated as autograd differentiates torch's pow and sqrt: into
     a factor of its own, exponent*base**(exponent - 1), times the rest of the chain.
@@ -235,7 +245,8 @@ def _powers_as_factors(expr: sympy.Basic) -> sympy.Basic:
 def _as_autograd_differentiates(formula: sympy.Expr) -> sympy.Expr:
     """``formula`` as printed, with torch.sigmoid (by its output) and powers (a factor of
     their own) differentiating as autograd differentiates them: for _autograd_derivative."""
-    return _powers_as_factors(_as_printed(formula).replace(sigmoid, _autograd_sigmoid))
+    printed = _as_printed(formula).replace(sigmoid, _autograd_sigmoid).replace(expm1, _autograd_expm1)
+    return _powers_as_factors(printed)
 
 
 def _autograd_derivative(printed: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr | None:
@@ -246,7 +257,7 @@ def _autograd_derivative(printed: sympy.Expr, symbol: sympy.Symbol) -> sympy.Exp
         derivative = _differentiate(printed, symbol)
     except SymgradError:
         return None
-    return derivative.replace(_autograd_sigmoid, sigmoid)
+    return derivative.replace(_autograd_sigmoid, sigmoid).replace(_autograd_expm1, expm1)
 
 
 def _as_printed(expr: sympy.Expr) -> sympy.Expr:

@@ -545,6 +545,65 @@ def _rule_add(node: sympy.Expr):
     return None
 
 
+def _rule_large_part(node: sympy.Expr):
+    """Sums where softplus(u)'s or sigmoid(u)'s large part cancels against other inputs.
+
+    BCE with logits, ``x - x*t + log(1 + exp(-x))``, is ``softplus(x) - t*x`` after the
+    rules above: at the hard label t = 1 the loss is softplus(-x), 4e-8 at x = 17, but
+    softplus(x) rounds to x in float32 there and the difference is 0 (8.3e-3 off at
+    x = 10); its gradient sigmoid(x) - t rounds the same way (both found by an accuracy
+    hunt). F.binary_cross_entropy_with_logits splits off max(x, 0) for the same reason.
+
+    - ``c*softplus(u) + k*u`` (k free of u's symbols) -> ``where(u > 0, (c + k)*u, k*u) +
+      c*softplus(-|u|)``: softplus(u) is max(u, 0) + softplus(-|u|), and the linear parts
+      meet in one term, so they cancel exactly before the small part is added.
+    - ``c*sigmoid(u) + r`` (r free of u's symbols, not a number) -> ``where(u > 0, c + r, r)
+      + where(u > 0, -s, s)`` with s = c*sigmoid(-|u|): sigmoid(u) is 1 - sigmoid(-u) for u > 0.
+
+    Each part is one node, so the printed sum cannot add the small part first. -|u| is
+    where(u > 0, -u, u), not -abs(u): autograd differentiates a backward formula under
+    create_graph=True, and abs's derivative at 0 is 0. (softplus and sigmoid of a u <= 0
+    have no large part; -|u| is such, so the rule does not match its own output.)
+    """
+    if not node.is_Add:
+        return None
+    for term in node.args:
+        coeff, f = term.as_coeff_Mul()
+        if not isinstance(f, (softplus, sigmoid)):
+            continue
+        u = f.args[0]
+        if u.is_nonpositive or _is_minus_abs(u) or not u.free_symbols:
+            continue
+        rest = sympy.Add.make_args(node - term)
+        positive = u > 0
+        if isinstance(f, softplus):
+            linear = [t for t in rest if t.free_symbols and not (t / u).free_symbols & u.free_symbols]
+            slope = sympy.Add(*(t / u for t in linear))
+            if not slope.free_symbols:
+                continue  # softplus(u) - u is _rule_add's; a numeric slope cancels nothing
+            large = sympy.Piecewise(((coeff + slope) * u, positive), (slope * u, True))
+            others = [t for t in rest if t not in linear]
+            return sympy.Add(*others, large, coeff * softplus(_minus_abs(u)))
+        free = [t for t in rest if not t.free_symbols & u.free_symbols]
+        offset = sympy.Add(*free)
+        if not offset.free_symbols:
+            continue  # c + c*sigmoid(u) and the like are _rule_add's
+        large = sympy.Piecewise((coeff + offset, positive), (offset, True))
+        small = coeff * sigmoid(_minus_abs(u))
+        others = [t for t in rest if t not in free]
+        return sympy.Add(*others, large, sympy.Piecewise((-small, positive), (small, True)))
+    return None
+
+
+def _minus_abs(u: sympy.Expr) -> sympy.Expr:
+    """-|u| as where(u > 0, -u, u) (see _rule_large_part for why not abs)."""
+    return sympy.Piecewise((-u, u > 0), (u, True))
+
+
+def _is_minus_abs(u: sympy.Expr) -> bool:
+    return isinstance(u, sympy.Piecewise) and len(u.args) == 2 and u.args[0][0] == -u.args[1][0]
+
+
 def _square_root(term: sympy.Expr):
     """``q`` with ``q**2 == term``, for a positive number or an even power; else None."""
     coeff, rest = term.as_coeff_Mul()
@@ -820,6 +879,7 @@ _RULES = (
     _rule_minus_one,
     _rule_log,
     _rule_add,
+    _rule_large_part,
     _rule_ratio,
     _rule_softmax,
     _rule_merge_exp,
@@ -1001,10 +1061,30 @@ def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
         taken = condition if condition is not sympy.true else sympy.And(*(sympy.Not(c) for c in previous))
         earlier = sympy.Or(*previous)
         previous.append(condition)
-        if value.free_symbols and taken not in (sympy.true, sympy.false) and not value.is_polynomial(*value.free_symbols):
+        if value.free_symbols and taken not in (sympy.true, sympy.false) and not _entire(value):
             value = _guard_branch(value, taken, condition, earlier)
         branches.append((value, condition))
     return sympy.Piecewise(*branches, evaluate=False)
+
+
+# Functions finite, with finite derivatives of every order, at every real argument.
+_ENTIRE_FUNCTIONS = (sigmoid, softplus, sympy.tanh, sympy.atan, sympy.sin, sympy.cos, sympy.erf)
+
+
+def _entire(value: sympy.Basic) -> bool:
+    """Whether ``value`` and its derivatives are finite at every real point: a polynomial,
+    or sums, products and powers of those and of _ENTIRE_FUNCTIONS of them. Such a branch
+    needs no guard: evaluated where it is not taken, it leaks nothing into double backward
+    (an unguarded sigmoid costs one where less, and reads as written: BCE's gradient)."""
+    if value.is_Atom:
+        return bool(value.is_Symbol or (value.is_number and value.is_finite))
+    if value.is_Add or value.is_Mul:
+        return all(_entire(a) for a in value.args)
+    if value.is_Pow:
+        return bool(value.exp.is_Integer and value.exp >= 0) and _entire(value.base)
+    if isinstance(value, sympy.Piecewise):
+        return all(_entire(v) for v, _ in value.args)
+    return isinstance(value, _ENTIRE_FUNCTIONS) and all(_entire(a) for a in value.args)
 
 
 def _guard_branch(value: sympy.Expr, taken: sympy.Basic, condition: sympy.Basic, earlier: sympy.Basic) -> sympy.Expr:
