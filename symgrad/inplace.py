@@ -132,6 +132,11 @@ def reuse_buffers(
 class _Rewriter:
     def __init__(self, env: dict[str, _Value]) -> None:
         self.env = env
+        # visit's results by the node's ast.dump, valid while env is unchanged (one line).
+        # multiply_add visits a term's factors on copies and, where no fused op fits, the
+        # term again: without the memo that doubles the work at each nested term, and
+        # Horner's scheme nests one a degree (2**18 visits for a degree-36 series).
+        self.memo: dict[str, tuple[_Value, ast.AST]] = {}
 
     def line(self, line: str) -> str:
         indent = line[: len(line) - len(line.lstrip())]
@@ -158,6 +163,7 @@ class _Rewriter:
                     irregular=old.irregular or value.irregular,
                 )
             self.env[target.id] = replace(value, fresh=False)
+            self.memo.clear()
         if ast.dump(statement) == before:
             return line  # nothing in place: the printer's own spelling
         return indent + _unparse(statement)
@@ -169,6 +175,16 @@ class _Rewriter:
         return text if ast.dump(node) == before else _unparse(node)
 
     def visit(self, node: ast.AST) -> tuple[_Value, ast.AST]:
+        """``node``'s value and the node rewritten (``node`` itself may be changed)."""
+        key = ast.dump(node)
+        if key not in self.memo:
+            value, rewritten = self.visit_new(node)
+            self.memo[key] = (value, copy.deepcopy(rewritten))
+            return value, rewritten
+        value, rewritten = self.memo[key]
+        return value, copy.deepcopy(rewritten)
+
+    def visit_new(self, node: ast.AST) -> tuple[_Value, ast.AST]:
         if isinstance(node, ast.Constant):
             return _Value(frozenset(), floating=isinstance(node.value, float)), node
         if isinstance(node, ast.Name):

@@ -356,7 +356,10 @@ def _guard(x: str, cond: str, safe: str, earlier: str | None = None) -> str:
     nan, as the nested torch.where that selects the branch has it (SymPy's own negation of
     log(x) > 1, log(x) <= 1, does not)."""
     if earlier is not None:
-        cond = f"~({earlier})" if cond == "True" else f"({cond}) & ~({earlier})"
+        if cond == "True":
+            # The same selection as where(~earlier, x, safe), without the negation's kernel.
+            return f"torch.where({earlier}, {safe}, {x})"
+        cond = f"({cond}) & ~({earlier})"
     return f"torch.where({cond}, {x}, {safe})"
 
 

@@ -10,6 +10,7 @@ rationals print as floats, and constants follow the inputs' dtype.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import sympy
@@ -216,7 +217,9 @@ def test_removable_prints_a_guarded_series_and_closed_form():
     # from 0, and torch.where's backward would multiply its zero by them.
     eps = repr(type(expr).eps)
     assert f"torch.where(torch.abs(x) < {eps}, x, 0.0)" in code
-    assert f"torch.where(torch.abs(x) >= {eps}, x, {eps})" in code
+    # The closed form's guard reuses the series' mask (no second comparison kernel).
+    assert f"torch.where(torch.abs(x) < {eps}, {eps}, x)" in code
+    assert ">=" not in code and "~" not in code
     for point in [0.0, 1e-30, 1e-5, 0.3, 0.49999, 0.5, 0.7, 30.0]:
         _, result, _, _ = run(expr, point)
         want = 1.0 if point == 0 else math.sin(point) / point
@@ -334,3 +337,55 @@ def test_integers_beyond_int64_print_as_floats_or_are_refused():
     assert print_torch(x * sympy.Integer(10) ** 200, {x: "x"}) == "1e+200*x"
     with pytest.raises(SymgradError, match="beyond float64's range"):
         print_torch(x * sympy.Integer(10) ** 400, {x: "x"})
+
+
+@pytest.mark.parametrize(
+    "expr, argument",
+    [
+        (sympy.sin(X) / X, "even"),  # 1 - x**2/6 + ...: Horner in x**2
+        ((X - sympy.sin(X)) / X**2, "odd"),  # x/6 - x**3/120 + ...: x times Horner in x**2
+        ((sympy.exp(X) - 1) / X, "mixed"),  # 1 + x/2 + x**2/6 + ...: Horner in x
+    ],
+)
+def test_taylor_series_print_as_horner_without_general_powers(expr, argument):
+    """Each series term c*x**n printed as such ran torch's pow kernel once per term (sin(x)/x
+    forward and backward took 2x as long); Horner's scheme needs only x**2 at most."""
+    made = stabilize(expr)
+    assert isinstance(made, sf.Removable)
+    series = type(made).series_at(X)
+    polynomials = list(series.atoms(sf.TaylorPolynomial))
+    assert len(polynomials) == 1
+    (polynomial,) = polynomials
+    assert polynomial.args[0] == (X if argument == "mixed" else X**2)
+    assert (series / polynomial == X) == (argument == "odd")
+    code = print_torch(made, NAMES)
+    assert not re.search(r"\*\* ?(?!2\b)\d", code), code
+    for point in [0.0, -1e-30, 1e-5, -0.1, 0.124, 0.3, 0.49999, 30.0]:
+        _, result, _, _ = run(made, point)
+        # (evalf with subs raises the working precision until the cancellation is resolved)
+        want = float(sympy.limit(expr, X, 0) if point == 0 else expr.evalf(30, subs={X: point}))
+        assert result.item() == pytest.approx(want, rel=4e-16, abs=1e-300)
+
+
+def test_polynomial_text_is_horners_scheme_and_skips_zero_coefficients():
+    assert sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s") == "1.0 + s * (-0.5 + s * (0.25 * s))"
+    text = sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s")
+    assert "**" not in text
+    for s in (-3.0, -0.5, 0.0, 0.7, 2.0):
+        assert eval(text, {"s": s}) == pytest.approx(1.0 - 0.5 * s + 0.25 * s**3, rel=1e-15)
+    assert sf._polynomial_text((0.0, 0.0, 2.0), "s") == "s * (2.0 * s)"
+    assert sf._polynomial_text((3.0,), "s") == "3.0"
+    assert sf._polynomial_text((0.0, 0.0), "s") == "0.0 * s"
+    assert sf._polynomial_text((1.0, -2.0), "a + b") == "1.0 - 2.0 * (a + b)"
+
+
+def test_a_last_branch_guard_selects_with_the_earlier_condition_itself():
+    """guard(x, True, safe, earlier) is x where ``earlier`` does not hold: printed as
+    where(earlier, safe, x), not where(~earlier, x, safe), it runs no negation kernel and
+    takes a nan comparison (False) as not holding, as the branch's own where does."""
+    expr = sf.guard(X, sympy.true, sympy.Integer(2), sympy.log(X) > 1)
+    code = print_torch(expr, NAMES)
+    assert code == "torch.where(torch.log(x) > 1, 2, x)"
+    for point, want in [(-1.0, -1.0), (0.5, 0.5), (2.0, 2.0), (3.0, 2.0)]:
+        _, result, _, _ = run(expr, point)
+        assert result.item() == want
