@@ -75,6 +75,8 @@ from .stable_functions import (
 
 _MAX_PASSES = 12
 _MAX_EXPAND_OPS = 80  # numerators bigger than this are not distributed over a ratio
+_FACTOR_MAX_TERMS = 6  # sums of exponentials with more terms are not factored ...
+_FACTOR_MAX_DEGREE = 6  # ... nor those of a higher degree as polynomials in them
 
 
 def stabilize(expr: sympy.Expr) -> sympy.Expr:
@@ -308,6 +310,37 @@ def _logsumexp(exponents: list[sympy.Expr]) -> sympy.Expr:
     for a in exponents[1:]:
         total = logaddexp(total, a)
     return total
+
+
+def _rule_factor_exp_sum(node: sympy.Expr):
+    """``1/(exp(2*u) + 2*exp(u) + 1)`` -> ``1/(exp(u) + 1)**2``: a denominator that
+    simplify expanded gets its factors back, which :func:`_rule_ratio` writes as sigmoids.
+
+    (SiLU's and sigmoid's derivatives written as ``exp(x)/(1 + exp(x))`` came back expanded,
+    and the sum overflows in float32 from x = 45, where the sigmoids do not; their
+    logaddexp form was 19 float32 ulps off at x = -10.) Only sums of a few exponentials:
+    factor is a polynomial factorisation, quick on those.
+    """
+    if not (node.is_Pow and _number(node.exp) and node.exp.is_negative and node.base.is_Add):
+        return None
+    base = node.base
+    if len(base.args) > _FACTOR_MAX_TERMS or not all(_has_exp(t) or t.is_number for t in base.args):
+        return None
+    # A polynomial in exponentials only, of low degree: 1 + exp(x) + exp(1000*x) is one of
+    # degree 1000 in exp(x), which factor did not finish in 300 s.
+    polynomial = sympy.Poly(base)
+    if not all(isinstance(g, sympy.exp) for g in polynomial.gens) or polynomial.total_degree() > _FACTOR_MAX_DEGREE:
+        return None
+    factored = sympy.factor(base)
+    if factored == base or not (factored.is_Pow or factored.is_Mul):
+        return None
+    # Only into sums of positive terms, which the ratio and softmax rules take: a factor
+    # with a difference, exp(x) - 1 from exp(2*x) - 1, would only add work.
+    for factor in sympy.Mul.make_args(factored):
+        inner = factor.base if factor.is_Pow else factor
+        if not inner.is_number and not (inner.is_Add and all(t.as_coeff_Mul()[0] > 0 for t in inner.args)):
+            return None
+    return factored**node.exp
 
 
 def _rule_softmax(node: sympy.Expr):
@@ -880,6 +913,7 @@ _RULES = (
     _rule_log,
     _rule_add,
     _rule_large_part,
+    _rule_factor_exp_sum,
     _rule_ratio,
     _rule_softmax,
     _rule_merge_exp,

@@ -32,6 +32,7 @@ from sympy.codegen.cfunctions import expm1, log1p
 from symgrad import stable_functions as sf
 from symgrad.api import generate_source
 from symgrad.errors import SymgradError
+from symgrad import stable
 from symgrad.stable import stabilize
 
 from conftest import compiled_at_every_size
@@ -109,6 +110,10 @@ CASES = [
     Case("gelu", "x/2*(1+erf(x/sqrt(2)))", lambda x: x / 2 * (1 + mpmath.erf(x / mpmath.sqrt(2))), kernel=F.gelu),
     Case("logsigmoid", "log(1/(1+exp(-x)))", lambda x: mpmath.log(1 / (1 + mpmath.exp(-x))), kernel=F.logsigmoid),
     Case("sigmoid", "1/(1+exp(-x))", lambda x: 1 / (1 + mpmath.exp(-x)), kernel=torch.sigmoid),
+    # The same, written with exp(x) on top: simplify expanded its derivative's denominator,
+    # (1 + exp(x))**2, and the logaddexp form made of that was 19 float32 ulps off at x = -10
+    # (accuracy hunt; stable._rule_factor_exp_sum factors it back into two sigmoids).
+    Case("sigmoid_exp", "exp(x)/(1+exp(x))", lambda x: mpmath.exp(x) / (1 + mpmath.exp(x)), kernel=torch.sigmoid),
     Case("tanh", "tanh(x)", mpmath.tanh, kernel=torch.tanh),
     Case(
         "logaddexp",
@@ -1263,6 +1268,20 @@ def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir, device)
         for p, got in zip(torch.tensor(points, dtype=dtype).tolist(), values):
             want = mpmath.sqrt(1 + mpmath.mpf(p) ** 2) - 1
             assert abs(got - want) <= 2 * torch.finfo(dtype).eps * want + torch.finfo(dtype).tiny, (dtype, p, got)
+
+
+def test_an_expanded_sum_of_exponentials_in_a_denominator_is_factored_back():
+    """stable._rule_factor_exp_sum: simplify writes the derivative of exp(x)/(1 + exp(x))
+    over exp(2*x) + 2*exp(x) + 1; factored, the ratio rule makes it two sigmoids. Only low
+    degrees (factor ran over 300 s on 1 + exp(x) + exp(1000*x)) and only factors that are
+    sums of positive terms."""
+    e = sympy.exp
+    assert stabilize(e(X) / (e(2 * X) + 2 * e(X) + 1)) == sf.sigmoid(X) * sf.sigmoid(-X)
+    assert stabilize((e(2 * X) + 2 * e(X + Y) + e(2 * Y)) ** -1) == e(-2 * Y) * sf.sigmoid(Y - X) ** 2
+    for untouched in (1 + e(X) + e(1000 * X), e(2 * X) + 3 * e(X) + 1, e(X) * X + e(2 * X) + 1):
+        assert stable._rule_factor_exp_sum(untouched**-2) is None, untouched
+    assert stable._rule_factor_exp_sum((e(4 * X) - 1) ** -1) is None  # (exp(x) - 1)*(...)
+    assert stable._rule_factor_exp_sum((e(3 * X) + 3 * e(2 * X) + 3 * e(X) + 1) ** -1) == (e(X) + 1) ** -3
 
 
 def test_rewrites_found_by_the_accuracy_hunt_reach_their_forms():
