@@ -132,13 +132,15 @@ def reuse_buffers(
 class _Rewriter:
     def __init__(self, env: dict[str, _Value]) -> None:
         self.env = env
-        # visit's results by the node's ast.dump, valid while env is unchanged (one line).
-        # multiply_add visits a term's factors on copies and, where no fused op fits, the
-        # term again: without the memo that doubles the work at each nested term, and
-        # Horner's scheme nests one a degree (2**18 visits for a degree-36 series).
-        self.memo: dict[str, tuple[_Value, ast.AST]] = {}
+        # multiply_add's visits of a term's factors, by the factor node's id, for one line
+        # (env is the same throughout it; the entries keep their nodes alive, so no id is
+        # reused). Where no fused op fits, the term is visited whole and its factors are
+        # found here: visited again, each nested term doubled the work, and Horner's
+        # scheme nests one a degree (2**18 visits for a degree-36 series).
+        self.factors: dict[int, tuple[ast.AST, _Value, ast.AST]] = {}
 
     def line(self, line: str) -> str:
+        self.factors.clear()
         indent = line[: len(line) - len(line.lstrip())]
         try:
             tree = ast.parse(line.strip())
@@ -163,12 +165,12 @@ class _Rewriter:
                     irregular=old.irregular or value.irregular,
                 )
             self.env[target.id] = replace(value, fresh=False)
-            self.memo.clear()
         if ast.dump(statement) == before:
             return line  # nothing in place: the printer's own spelling
         return indent + _unparse(statement)
 
     def expression(self, text: str) -> str:
+        self.factors.clear()
         tree = ast.parse(text, mode="eval").body
         before = ast.dump(tree)
         _, node = self.visit(tree)
@@ -176,15 +178,10 @@ class _Rewriter:
 
     def visit(self, node: ast.AST) -> tuple[_Value, ast.AST]:
         """``node``'s value and the node rewritten (``node`` itself may be changed)."""
-        key = ast.dump(node)
-        if key not in self.memo:
-            value, rewritten = self.visit_new(node)
-            self.memo[key] = (value, copy.deepcopy(rewritten))
-            return value, rewritten
-        value, rewritten = self.memo[key]
-        return value, copy.deepcopy(rewritten)
-
-    def visit_new(self, node: ast.AST) -> tuple[_Value, ast.AST]:
+        known = self.factors.get(id(node))
+        if known is not None:
+            _, value, rewritten = known
+            return value, copy.deepcopy(rewritten)
         if isinstance(node, ast.Constant):
             return _Value(frozenset(), floating=isinstance(node.value, float)), node
         if isinstance(node, ast.Name):
@@ -288,9 +285,9 @@ class _Rewriter:
         if isinstance(node.op, ast.Sub):
             coefficient = -coefficient
         # The term's factors are tried on copies: if no fused op fits, the term is visited
-        # whole, as usual.
-        first_value, first_node = self.visit(copy.deepcopy(first))
-        second_value, second_node = self.visit(copy.deepcopy(second)) if second is not None else (None, None)
+        # whole, as usual (and finds its factors' visits in self.factors).
+        first_value, first_node = self.visit_factor(first)
+        second_value, second_node = self.visit_factor(second) if second is not None else (None, None)
         operands = [v for v in (first_value, second_value) if v is not None]
         if any(not v.tensor or v.irregular for v in operands):
             return None
@@ -338,6 +335,12 @@ class _Rewriter:
             return result, _method_call(sum_ast, "add", first_node, alpha=coefficient)
         value = {} if coefficient == 1 else {"value": coefficient}
         return result, _method_call(sum_ast, kind, first_node, second_node, **value)
+
+    def visit_factor(self, node: ast.AST) -> tuple[_Value, ast.AST]:
+        """:meth:`visit` of a copy of ``node``, remembered for a later visit of ``node``."""
+        value, rewritten = self.visit(copy.deepcopy(node))
+        self.factors[id(node)] = (node, value, copy.deepcopy(rewritten))
+        return value, rewritten
 
     @staticmethod
     def in_place_term(

@@ -76,7 +76,7 @@ from .stable_functions import (
 _MAX_PASSES = 12
 _MAX_EXPAND_OPS = 80  # numerators bigger than this are not distributed over a ratio
 _FACTOR_MAX_TERMS = 6  # sums of exponentials with more terms are not factored ...
-_FACTOR_MAX_DEGREE = 6  # ... nor those of a higher degree as polynomials in them
+_FACTOR_MAX_DEGREE = 6  # ... nor those of exp(k*u) with k's numerator or denominator above this
 
 
 def stabilize(expr: sympy.Expr) -> sympy.Expr:
@@ -316,29 +316,44 @@ def _rule_factor_exp_sum(node: sympy.Expr):
     """``1/(exp(2*u) + 2*exp(u) + 1)`` -> ``1/(exp(u) + 1)**2``: a denominator that
     simplify expanded gets its factors back, which :func:`_rule_ratio` writes as sigmoids.
 
-    (SiLU's and sigmoid's derivatives written as ``exp(x)/(1 + exp(x))`` came back expanded,
-    and the sum overflows in float32 from x = 45, where the sigmoids do not; their
-    logaddexp form was 19 float32 ulps off at x = -10.) Only sums of a few exponentials:
-    factor is a polynomial factorisation, quick on those.
+    (Sigmoid's derivative written as ``exp(x)/(1 + exp(x))`` came back expanded, and its
+    logaddexp form was 19 float32 ulps off at x = -10.) Only sums of a few powers of one
+    exponential, ``c*exp(k*u)`` with small rational ``k``: factor is a polynomial
+    factorisation, and on 1 + exp(x) + exp(1000*x), of degree 1000 in exp(x), it did not
+    finish in 300 s (building the polynomial alone took 10 GB for exp(10**9*x), review).
     """
     if not (node.is_Pow and _number(node.exp) and node.exp.is_negative and node.base.is_Add):
         return None
     base = node.base
-    if len(base.args) > _FACTOR_MAX_TERMS or not all(_has_exp(t) or t.is_number for t in base.args):
+    if len(base.args) > _FACTOR_MAX_TERMS:
         return None
-    # A polynomial in exponentials only, of low degree: 1 + exp(x) + exp(1000*x) is one of
-    # degree 1000 in exp(x), which factor did not finish in 300 s.
-    polynomial = sympy.Poly(base)
-    if not all(isinstance(g, sympy.exp) for g in polynomial.gens) or polynomial.total_degree() > _FACTOR_MAX_DEGREE:
+    arguments = []
+    for term in base.args:
+        rest = term.as_coeff_Mul()[1]
+        if rest == 1:
+            continue
+        if not isinstance(rest, sympy.exp):
+            return None
+        arguments.append(rest.args[0])
+    if not arguments:
         return None
+    for argument in arguments:
+        ratio = argument / arguments[0]
+        if not (ratio.is_Rational and abs(ratio.p) <= _FACTOR_MAX_DEGREE and ratio.q <= _FACTOR_MAX_DEGREE):
+            return None
     factored = sympy.factor(base)
     if factored == base or not (factored.is_Pow or factored.is_Mul):
         return None
-    # Only into sums of positive terms, which the ratio and softmax rules take: a factor
-    # with a difference, exp(x) - 1 from exp(2*x) - 1, would only add work.
+    # Only into factors c + a*exp(v) with numbers a, c > 0, which become sigmoids: a factor
+    # with a difference (exp(x) - 1 from exp(2*x) - 1) would only add work, and one with
+    # two exponentials, (exp(x) + exp(2*x) + 1), has no sigmoid form.
     for factor in sympy.Mul.make_args(factored):
         inner = factor.base if factor.is_Pow else factor
-        if not inner.is_number and not (inner.is_Add and all(t.as_coeff_Mul()[0] > 0 for t in inner.args)):
+        if inner.is_number:
+            continue
+        constant, rest = inner.as_coeff_Add()
+        scale, exponential = rest.as_coeff_Mul()
+        if not (constant > 0 and scale > 0 and isinstance(exponential, sympy.exp)):
             return None
     return factored**node.exp
 
@@ -1109,7 +1124,10 @@ def _entire(value: sympy.Basic) -> bool:
     """Whether ``value`` and its derivatives are finite at every real point: a polynomial,
     or sums, products and powers of those and of _ENTIRE_FUNCTIONS of them. Such a branch
     needs no guard: evaluated where it is not taken, it leaks nothing into double backward
-    (an unguarded sigmoid costs one where less, and reads as written: BCE's gradient)."""
+    (an unguarded sigmoid costs one where less, and reads as written: BCE's gradient).
+    In exact arithmetic: a power can still overflow in float32 (x**3 from |x| = 7e12)."""
+    if value.is_number:
+        return bool(value.is_finite)  # (sqrt(2) too, not only atoms: found in review)
     if value.is_Atom:
         return bool(value.is_Symbol or (value.is_number and value.is_finite))
     if value.is_Add or value.is_Mul:

@@ -132,24 +132,44 @@ def test_rewrite(line, expected):
     assert got == expected
 
 
+def _count_visits(monkeypatch) -> list:
+    visited = []
+    visit = symgrad.inplace._Rewriter.visit
+
+    def counted(self, node):
+        visited.append(node)
+        return visit(self, node)
+
+    monkeypatch.setattr(symgrad.inplace._Rewriter, "visit", counted)
+    return visited
+
+
+def test_a_long_sum_is_rewritten_in_linear_work(monkeypatch):
+    """150 terms, each a product a fused op could add (review find: a memo keyed by
+    ast.dump made this quadratic, 50x slower at 120 terms, and it hit Python's recursion
+    limit from 140)."""
+    terms = 150
+    line = "r = " + " + ".join(f"{n + 1.5!r} * torch.sin(x * {n}.0) * y" for n in range(terms))
+    visited = _count_visits(monkeypatch)
+    (got,), _ = reuse_buffers((line,), "", TENSORS, GRADIENTS, PARAMS)
+    assert len(visited) < 40 * terms
+    assert got.count(".addcmul(") + got.count(".add_(") + got.count(".mul_(") >= terms - 1
+    x = torch.linspace(-2, 2, 9, dtype=torch.float64)
+    y = torch.linspace(0.5, 3, 9, dtype=torch.float64)
+    assert torch.allclose(eval(got[4:], {"torch": torch, "x": x, "y": y}), eval(line[4:], {"torch": torch, "x": x, "y": y}))
+
+
 def test_horners_scheme_is_one_chain_and_each_term_is_visited_a_bounded_number_of_times(monkeypatch):
     """Horner's scheme nests a term in each term (a Taylor series of degree 36 nests 18):
     visiting each term's factors on copies and then the term whole visited the innermost
     one 2**18 times (the fuzz campaign's tanh(x) - x**-2 ran 100 s, against 4 s before the
     series printed as Horner). The rewrite must stay linear and give the same chain."""
-    degree = 12  # (without the memo: 24574 visits, a count that fails in a few seconds)
+    degree = 12  # (visiting terms again: 24574 visits, a count that fails in a few seconds)
     text = f"{degree + 1.0!r}"
     for n in range(degree, 0, -1):
         text = f"{float(n)!r} + s * ({text})"
     lines = ("s = x * y", f"r = {text}")
-    visited = []
-    visit_new = symgrad.inplace._Rewriter.visit_new
-
-    def counted(self, node):
-        visited.append(node)
-        return visit_new(self, node)
-
-    monkeypatch.setattr(symgrad.inplace._Rewriter, "visit_new", counted)
+    visited = _count_visits(monkeypatch)
     (_, got), _ = reuse_buffers(lines, "", TENSORS, GRADIENTS, PARAMS)
     assert len(visited) < 20 * degree
     # The innermost product is the first fresh tensor; every step after it is in place.

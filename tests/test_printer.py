@@ -19,6 +19,7 @@ import torch
 from symgrad import stable_functions as sf
 from symgrad.errors import SymgradError
 from symgrad.functions import FUNCTIONS, REDUCTIONS
+from symgrad.inplace import reuse_buffers
 from symgrad.printer import PRINTERS, print_torch
 from symgrad.stable import stabilize
 
@@ -368,7 +369,7 @@ def test_taylor_series_print_as_horner_without_general_powers(expr, argument):
 
 
 def test_polynomial_text_is_horners_scheme_and_skips_zero_coefficients():
-    assert sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s") == "1.0 + s * (-0.5 + s * (0.25 * s))"
+    assert sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s") == "s * (s * (0.25 * s) - 0.5) + 1.0"
     text = sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s")
     assert "**" not in text
     for s in (-3.0, -0.5, 0.0, 0.7, 2.0):
@@ -376,7 +377,10 @@ def test_polynomial_text_is_horners_scheme_and_skips_zero_coefficients():
     assert sf._polynomial_text((0.0, 0.0, 2.0), "s") == "s * (2.0 * s)"
     assert sf._polynomial_text((3.0,), "s") == "3.0"
     assert sf._polynomial_text((0.0, 0.0), "s") == "0.0 * s"
-    assert sf._polynomial_text((1.0, -2.0), "a + b") == "1.0 - 2.0 * (a + b)"
+    assert sf._polynomial_text((-1.0, -2.0), "a + b") == "-2.0 * (a + b) - 1.0"
+    # In place: one chain on the innermost product's buffer, no number-minus-tensor kernel.
+    (line,), _ = reuse_buffers(("r = " + sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s"),), "", frozenset({"s"}), frozenset(), frozenset())
+    assert line == "r = (0.25 * s).mul_(s).sub_(0.5).mul_(s).add_(1.0)"
 
 
 def test_a_last_branch_guard_selects_with_the_earlier_condition_itself():
