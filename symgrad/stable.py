@@ -442,6 +442,14 @@ def _rule_log(node: sympy.Expr):
     if not isinstance(node, sympy.log):
         return None
     arg = node.args[0]
+    factors = sympy.Mul.make_args(arg)
+    powers = [f for f in factors if f.is_Pow and _number(f.base) and f.base.is_positive and f.exp.free_symbols]
+    if powers and all(f.exp.is_extended_real for f in powers):
+        # log(b**u) for a number b > 0 is u*log(b), and splits off a product (the rest is
+        # positive wherever the log is real): 10**u over- or underflows, and simplify's
+        # log(10**(-x**3*exp(x))) was -inf in float64 from x = 3 (fuzz campaign).
+        rest = sympy.Mul(*(f for f in factors if f not in powers))
+        return sympy.Add(*(f.exp * sympy.log(f.base) for f in powers)) + sympy.log(rest)
     if isinstance(arg, sigmoid):
         return -softplus(-arg.args[0])
     if isinstance(arg, sympy.cosh) and not arg.args[0].has(sympy.Piecewise):

@@ -549,6 +549,8 @@ CAMPAIGN_FINDS = [
     ("(atan(exp((x)**(x)))) + ((x) * (((0) / (1)) + ((x) * (1))))", 0, "passed"),
     # ... and simplify's trigsimp ran for minutes on the second derivative, with
     # (tanh(x) - 1/x**2)**-3 and **-4 in it: trig in a power of a sum is now a symbol there.
+    # (Again 100 s once Taylor series printed as Horner's scheme, which nests a term in each
+    # term: the in-place pass visited each twice, _Rewriter.visit_factor.)
     ("sum(((tanh(x)) - ((x)**(-2)))**(-2))", 2147483646, "passed"),
     # Campaign 4135 (pre-existing): piecewise_simplify spread a condition of 8 comparisons,
     # (a & ~(b & c & d)) | (b & c & d & e), into 10 and ran for over a minute on a --save
@@ -797,6 +799,10 @@ CAMPAIGN_FINDS = [
     # Campaign 40: gradcheck's finite difference, not symgrad, was 0.2% off: its step of
     # 1e-6 is lost in 40353607 - x (see _gradcheck).
     ("sin((((7)**3)**3) - (x))", 4, "passed"),
+    # Campaign 9907 (pre-existing): simplify wrote the gradient with log(10**(-x**3*exp(x))),
+    # whose power underflows to 0: -inf in float64 from x = 3. log(b**u) is u*log(b) now
+    # (stable._rule_log), and splits off a product: log(x*10**u) is log(x) + u*log(10).
+    ("mean((x) / (((exp(x)) * (x)) + ((log(x, 10)) / (x))))", 1149, "passed"),
 ]
 
 # Found by --fuse campaigns, checked the same way with the fused forms (bodies uncompiled).

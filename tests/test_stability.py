@@ -1303,6 +1303,28 @@ def test_an_expanded_sum_of_exponentials_in_a_denominator_is_factored_back():
     assert value[0].item() == pytest.approx(1.0, rel=1e-6)
 
 
+def test_the_log_of_a_power_of_a_number_is_its_exponent_times_a_log():
+    """stable._rule_log: log(b**u) = u*log(b) for a number b > 0, split off a product too
+    (the rest is positive wherever the log is real). simplify wrote a gradient with
+    log(10**(-x**3*exp(x))), whose power underflows: -inf in float64 from x = 3 (fuzz
+    campaign 9907)."""
+    e, log = sympy.exp, sympy.log
+    assert stabilize(log(10**X)) == X * log(10)
+    assert stabilize(log(10 ** (-(X**3) * e(X)))) == -(X**3) * e(X) * log(10)
+    assert stabilize(log(X * 10 ** (X**2 * e(X)))) == X**2 * e(X) * log(10) + log(X)
+    assert stabilize(log(2**X * 3**Y)) == X * log(2) + Y * log(3)
+    assert stabilize(log(sympy.sqrt(2) * X)) == log(sympy.sqrt(2) * X)  # a number power: left alone
+    assert stabilize(log(X**Y)) == log(X**Y)  # x**y: x may be negative
+    function = _exec_module(generate_source("log(x*10**(x**2*exp(x)))", "LogPower"), "log_power")["log_power"]
+    x = torch.tensor([3.0, 10.0], dtype=torch.float64, requires_grad=True)
+    value = function(x)
+    (gradient,) = torch.autograd.grad(value.sum(), x)
+    for point, got, slope in zip(x.tolist(), value.tolist(), gradient.tolist()):
+        want = mpmath.log(point) + point**2 * mpmath.exp(point) * mpmath.log(10)
+        want_slope = 1 / mpmath.mpf(point) + (2 * point + point**2) * mpmath.exp(point) * mpmath.log(10)
+        assert got == pytest.approx(float(want), rel=1e-14) and slope == pytest.approx(float(want_slope), rel=1e-14)
+
+
 def test_rewrites_found_by_the_accuracy_hunt_reach_their_forms():
     """The exact identities an accuracy hunt over 77 delicate formulas asked for (each is
     also in EQUALITY_EXPRS, and the formulas in CASES are held to mpmath)."""
