@@ -327,14 +327,10 @@ def _rule_factor_exp_sum(node: sympy.Expr):
     base = node.base
     if len(base.args) > _FACTOR_MAX_TERMS:
         return None
-    arguments = []
-    for term in base.args:
-        rest = term.as_coeff_Mul()[1]
-        if rest == 1:
-            continue
-        if not isinstance(rest, sympy.exp):
-            return None
-        arguments.append(rest.args[0])
+    terms = [_exp_term(t) for t in base.args]
+    if any(term is None for term in terms):
+        return None
+    arguments = [argument for _, argument in terms if argument != 0]
     if not arguments:
         return None
     for argument in arguments:
@@ -352,8 +348,8 @@ def _rule_factor_exp_sum(node: sympy.Expr):
         if inner.is_number:
             continue
         constant, rest = inner.as_coeff_Add()
-        scale, exponential = rest.as_coeff_Mul()
-        if not (constant > 0 and scale > 0 and isinstance(exponential, sympy.exp)):
+        term = _exp_term(rest)
+        if not (constant > 0 and term is not None and term[1] != 0 and term[0] > 0):
             return None
     return factored**node.exp
 
@@ -1137,7 +1133,7 @@ def _entire(value: sympy.Basic) -> bool:
     if value.is_number:
         return bool(value.is_finite)  # (sqrt(2) too, not only atoms: found in review)
     if value.is_Atom:
-        return bool(value.is_Symbol or (value.is_number and value.is_finite))
+        return bool(value.is_Symbol)
     if value.is_Add or value.is_Mul:
         return all(_entire(a) for a in value.args)
     if value.is_Pow:
