@@ -14,7 +14,7 @@ from typing import Callable
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
-from .stable_functions import hypot, logaddexp, sigmoid, softplus, xlogy
+from .stable_functions import erfcx, hypot, log_ndtr, logaddexp, ndtr, sigmoid, softplus, xlogy
 
 # Where a function's argument must lie, for sampling test inputs. OpInfo-style domains.
 POSITIVE = "positive"  # arg > 0
@@ -91,6 +91,9 @@ FUNCTIONS: dict[str, Entry] = {
         # spellings (log(1+exp(x)), 1/(1+exp(-x)), ...) into them.
         _unary("sigmoid", sigmoid, "torch.sigmoid", note="1/(1+exp(-x)); its gradient stays exact in the tails"),
         _unary("softplus", softplus, "torch.nn.functional.softplus", note="log(1+exp(x)), threshold 40"),
+        _unary("ndtr", ndtr, "0.5 * torch.special.erfc(-x/sqrt(2))", note="the normal CDF (1+erf(x/sqrt(2)))/2"),
+        _unary("log_ndtr", log_ndtr, "torch.special.log_ndtr", note="log(ndtr(x)); finite in both tails"),
+        _unary("erfcx", erfcx, "torch.special.erfcx", note="exp(x**2)*erfc(x); finite for large x"),
         Entry("logaddexp", logaddexp, (2,), "torch.logaddexp", note="log(exp(a)+exp(b))"),
         Entry("hypot", hypot, (2,), "torch.hypot", note="sqrt(a**2+b**2)"),
         Entry("xlogy", xlogy, (2,), "torch.xlogy", note="x*log(y), 0 where x = 0"),

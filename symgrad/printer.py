@@ -19,7 +19,7 @@ from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from .errors import SymgradError
-from .stable_functions import guard, hypot, hypot_excess, logaddexp, ndtr, sigmoid, softplus, xlogy
+from .stable_functions import erfcx, guard, hypot, hypot_excess, log_ndtr, logaddexp, ndtr, sigmoid, softplus, xlogy
 
 Args = list[str]
 
@@ -98,6 +98,9 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     # Not torch.special.ndtr: in torch 2.13 it returns 0 below about -10 (and loses all
     # accuracy near -5 in float32); erfc of the negated, scaled argument keeps both tails.
     ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {_as_atom(args[0])})",
+    # Module-level helpers (HELPERS): ATen has no float16 or bfloat16 CPU kernel for these.
+    log_ndtr: _call("_log_ndtr"),
+    erfcx: _call("_erfcx"),
     logaddexp: _call("torch.logaddexp"),
     hypot: _call("torch.hypot"),
     hypot_excess: lambda args: _hypot_excess(*args),
@@ -107,13 +110,27 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
 }
 
 
-# Fused modules (--fuse) print these functions as calls of module-level helpers, defined
-# in the module by COMPILED_HELPERS: torch.compile's kernel for them is less accurate
-# than ATen's on some devices.
+# Fused modules (--fuse) print these functions as calls of module-level helpers (HELPERS):
+# torch.compile's kernel for them is less accurate than ATen's on some devices.
 COMPILED_CALLS: dict[type, str] = {sigmoid: "_sigmoid"}
 
-# Each helper's source, as printed at module level in a fused module that calls it.
-COMPILED_HELPERS: dict[str, tuple[str, ...]] = {
+
+def _half_in_float32(torch_name: str, helper: str) -> tuple[str, ...]:
+    """A helper calling ``torch_name``, which has no float16 or bfloat16 kernel on the CPU
+    (torch 2.13: "not implemented for 'Half'"): those compute in float32 and round back, as
+    ATen's own half kernels do internally."""
+    return (
+        f"def {helper}(u):",
+        f'    """{torch_name}(u), computed in float32 for float16 and bfloat16 inputs."""',
+        "    if u.dtype in (torch.float16, torch.bfloat16):",
+        f"        return {torch_name}(u.float()).to(u.dtype)",
+        f"    return {torch_name}(u)",
+    )
+
+
+# Each module-level helper's source, printed in a generated module whose code calls it
+# (plan.Plan.helpers): PRINTERS' and COMPILED_CALLS' helper names.
+HELPERS: dict[str, tuple[str, ...]] = {
     "_sigmoid": (
         "def _sigmoid(u):",
         '    """torch.sigmoid(u), as accurate compiled as eagerly.',
@@ -129,7 +146,10 @@ COMPILED_HELPERS: dict[str, tuple[str, ...]] = {
         "    exp_minus_abs = torch.exp(torch.where(u > 0, -u, u))",
         "    return torch.where(u > 0, 1, exp_minus_abs) / (1 + exp_minus_abs)",
     ),
+    "_erfcx": _half_in_float32("torch.special.erfcx", "_erfcx"),
+    "_log_ndtr": _half_in_float32("torch.special.log_ndtr", "_log_ndtr"),
 }
+
 
 # Functions whose torch kernel takes no Python number (stable_functions' classes say so
 # themselves, in ``tensor_args``).

@@ -12,7 +12,7 @@ import jinja2
 
 from .errors import SymgradError
 from .plan import Plan
-from .printer import COMPILED_HELPERS
+from .printer import HELPERS
 
 FUNCTION_TEMPLATE = "function.py.jinja"
 INPLACE_TEMPLATE = "inplace.py.jinja"
@@ -88,17 +88,17 @@ def render(plan: Plan, directory: Path) -> str:
 
 def _check_contract(plan: Plan, source: str, name: str) -> None:
     """Refuse a module that a custom (or older) template got wrong in ways that would only
-    show at run time: a helper its bodies call but it does not define (plan.fused.helpers),
+    show at run time: a helper its code calls but it does not define (plan.helpers),
     a fused runner without the ``operations`` its calls pass, or an in-place forward in the
     torch.compile twin (plan.compiled_forward)."""
     tree = ast.parse(source)
     defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
-    undefined = sorted((called & set(COMPILED_HELPERS)) - defined)
+    undefined = sorted((called & set(HELPERS)) - defined)
     if undefined:
         raise SymgradError(
-            f"template {name!r} calls {undefined[0]} without defining it: print plan.fused.helpers"
-            " (see symgrad's templates/fused.py.jinja)"
+            f"template {name!r} calls {undefined[0]} without defining it: print plan.helpers"
+            f" (see symgrad's templates/{name})"
         )
     runner = plan.fused and next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == plan.fused.runner), None)
     if runner and not _takes_keyword(runner, "operations"):

@@ -37,6 +37,12 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
      positive number ``b`` -> ``hypot_excess(a, b)``, a quotient without the cancellation
      (the pseudo-Huber loss).
    - ``x*log(y)`` -> ``xlogy(x, y)`` (finite at ``x = y = 0``).
+   - the normal tails: ``log(c*ndtr(u))`` -> ``log(c) + log_ndtr(u)`` (for c = 2, below
+     u = -1; ``log1p(erf(u/sqrt(2)))`` above), ``log(c*erfc(u))`` -> the same with
+     ``2c*ndtr(-sqrt(2)*u)``; and (after these rules, _normal_tail_products) a product of
+     ``exp(v)`` with ``erfc(u)**k`` or ``ndtr(u)**k`` (integer k, ``|k| <= 4``) whose
+     quadratic cancels -> ``erfcx`` in the tail: ``exp(u**2)*erfc(u)`` -> ``erfcx(u)``,
+     ``exp(-u**2/2)/ndtr(u)`` -> ``2/erfcx(-u/sqrt(2))`` for u < 0.
    - ``atanh(tanh(u))`` and ``asinh(sinh(u))`` -> ``u`` (real ``u``): evaluated as written,
      tanh rounds to 1 and sinh overflows (atanh(tanh(-16.72)) is -16.7205 in float64).
 
@@ -60,10 +66,12 @@ from sympy.codegen.cfunctions import expm1, log1p
 from .probe import PROBE_FAILURES, moderate, probe_code, real_only
 from .stable_functions import (
     Removable,
+    erfcx,
     guard,
     hypot,
     hypot_excess,
     log1mexp,
+    log_ndtr,
     logaddexp,
     ndtr,
     removable,
@@ -87,6 +95,7 @@ def stabilize(expr: sympy.Expr) -> sympy.Expr:
         factored = rewriter.rewrite(sympy.factor_terms(expr))
         if sympy.count_ops(factored) < sympy.count_ops(expr):
             expr = factored
+    expr = _normal_tail_products(expr)
     expr = _removable_singularities(expr)
     expr = _guard_piecewise(expr)
     return expr
@@ -483,6 +492,133 @@ def _rule_log(node: sympy.Expr):
         return None
     c, v, w = norm
     return sympy.log(content * c) + v + softplus(w)
+
+
+def _rule_normal_tail(node: sympy.Expr):
+    """``log(c*ndtr(u))`` and ``log(c*erfc(u))`` as ``log_ndtr`` (see the module docstring).
+
+    ``ndtr(u)`` and ``erfc(u)`` underflow in float32 from u = -14 and 10 (float64: -38 and
+    27), where their logarithms are about ``-u**2/2`` and ``-u**2``: the log was -inf there.
+    (Their products with ``exp`` are rewritten after these rules: _normal_tail_products.)
+    """
+    if isinstance(node, sympy.log):
+        scale, call = node.args[0].as_coeff_Mul()
+        if not scale.is_positive:
+            return None
+        if isinstance(call, ndtr):
+            return _log_scaled_ndtr(scale, call.args[0])
+        if isinstance(call, sympy.erfc):  # erfc(u) = 2*ndtr(-sqrt(2)*u)
+            return _log_scaled_ndtr(2 * scale, _expand(-_SQRT2 * call.args[0]))
+    return None
+
+
+def _log_scaled_ndtr(scale: sympy.Expr, u: sympy.Expr) -> sympy.Expr:
+    """``log(scale*ndtr(u))`` for a number ``scale > 0``.
+
+    ``log(scale) + log_ndtr(u)`` cancels where ``scale*ndtr(u)`` is near 1, which it can be
+    for a scale above 1. The common one is 2 (``log(erfc(x))``, ``log(1 + erf(x))``), 0 at
+    u = 0: there ``log1p(erf(u/sqrt(2)))`` is exact, and it cancels only below u = -1, where
+    the sum has no cancellation left. (At x = 1e-8 in float32 both ``log(erfc(x))`` as
+    written, which rounds ``erfc`` to 1, and the sum alone are 100% off.)
+    """
+    if scale == 2:
+        return sympy.Piecewise(
+            (sympy.log(2) + log_ndtr(u), u < -1),
+            (log1p(sympy.erf(_expand(u / _SQRT2))), True),
+        )
+    return sympy.log(scale) + log_ndtr(u)
+
+
+def _normal_tail_products(expr: sympy.Expr) -> sympy.Expr:
+    """Products of ``exp(v)`` with ``erfc(u)**k`` or ``ndtr(u)**k`` whose quadratic cancels,
+    through ``erfcx`` (:func:`_tail_product`): ``exp(u**2)*erfc(u)`` is inf*0 from u = 10
+    in float32, and the probit gradient ``pdf(u)/ndtr(u)`` 0/0 from u = -14.
+
+    After the bottom-up rules, and once: the Piecewise a quotient becomes keeps the product
+    as written on its accurate side, which the rules would rewrite again.
+    """
+    made: dict[sympy.Expr, sympy.Expr | None] = {}
+
+    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
+        if node not in made:
+            made[node] = _tail_mul(node)
+        return made[node]
+
+    return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
+
+
+def _tail_mul(node: sympy.Mul) -> sympy.Expr | None:
+    factors = sympy.Mul.make_args(node)
+    direct = _tail_product(factors)
+    if direct is not None:
+        return direct
+    # A sum over a power of ndtr or erfc (a quotient's derivative, simplified: (x*exp(-x**2/2)
+    # *ndtr(x) + exp(-x**2)/sqrt(2*pi))/ndtr(x)**2) is distributed where a term cancels.
+    sums = [f for f in factors if f.is_Add]
+    if len(sums) != 1 or not any(_tail_power(f) for f in factors):
+        return None
+    others = [f for f in factors if f is not sums[0]]
+    terms = [_tail_product((*others, *sympy.Mul.make_args(t))) for t in sums[0].args]
+    if all(t is None for t in terms):
+        return None
+    return sympy.Add(*(new if new is not None else sympy.Mul(*others, t) for new, t in zip(terms, sums[0].args)))
+
+
+_TAIL_MAX_POWER = 4
+
+
+def _tail_power(f: sympy.Expr):
+    """``(u, k, is_ndtr)`` for a factor ``erfc(u)**k`` or ``ndtr(u)**k`` (a small integer k),
+    else None."""
+    base, power = (f.base, f.exp) if f.is_Pow else (f, sympy.Integer(1))
+    if not (power.is_Integer and power != 0 and abs(power) <= _TAIL_MAX_POWER):
+        return None
+    if isinstance(base, (sympy.erfc, ndtr)):
+        return base.args[0], power, isinstance(base, ndtr)
+    return None
+
+
+_TAIL_MAX_FACTORS = 3  # products with more powers of erfc and ndtr are left as they are
+
+
+def _tail_product(factors: tuple[sympy.Expr, ...], kept: frozenset = frozenset()):
+    """The product of ``factors`` with ``exp(v)*erfc(u)**k`` as ``exp(v - k*u**2)*erfcx(u)**k``
+    (``ndtr`` likewise) where that leaves a smaller exponent, else None; each such factor in
+    turn (but those in ``kept``).
+
+    The ``erfcx`` form is taken only in the tail it is for (erfc: u > 0, ndtr: u < 0), and
+    the product as written elsewhere, unless it is ``erfcx(u)**k`` alone (k > 0): on the other
+    side ``erfc`` and ``ndtr`` are near 2 and 1, and ``erfcx`` of a negative argument is
+    about ``2*exp(u**2)``, which overflows where the product need not (``exp(-u**2/2)*
+    ndtr(u)``, the skew-normal density, was nan from u = 14 in float32 that way; found in
+    review), and whose ``exp`` amplifies the rounding of ``u**2`` by ``u**2`` (130 float64
+    ulps of the probit gradient at u = 20, where the quotient as written is exact).
+    """
+    factors = sympy.Mul.make_args(sympy.Mul(*factors))  # (a distributed term's powers joined)
+    exps = [f for f in factors if isinstance(f, sympy.exp)]
+    if not exps or sum(1 for f in factors if _tail_power(f)) > _TAIL_MAX_FACTORS:
+        return None
+    exponent = sympy.Add(*(f.args[0] for f in exps))
+    for f in factors:
+        tail = None if f in kept else _tail_power(f)
+        if tail is None:
+            continue
+        u, power, is_ndtr = tail
+        if is_ndtr:  # ndtr(u) = erfc(-u/sqrt(2))/2 = exp(-u**2/2)*erfcx(-u/sqrt(2))/2
+            quadratic, scaled, in_tail = -(u**2) / 2, erfcx(_expand(-u / _SQRT2)) / 2, u < 0
+        else:  # erfc(u) = exp(-u**2)*erfcx(u)
+            quadratic, scaled, in_tail = -(u**2), erfcx(u), u > 0
+        left = _expand(exponent + power * quadratic)
+        if _size(left) >= _size(exponent):
+            continue
+        rest = sympy.Mul(*(g for g in factors if g is not f and g not in exps))
+        product = rest * sympy.exp(left) * scaled**power
+        product = _tail_product(sympy.Mul.make_args(product), kept) or product  # (the next factor)
+        if power > 0 and left == 0:
+            return product
+        elsewhere = _tail_product(factors, kept | {f}) or sympy.Mul(*factors)
+        return sympy.Piecewise((product, in_tail), (elsewhere, True))
+    return None
 
 
 def _asinh_argument(arg: sympy.Expr) -> sympy.Expr | None:
@@ -930,6 +1066,7 @@ _RULES = (
     _rule_inverse,
     _rule_minus_one,
     _rule_log,
+    _rule_normal_tail,
     _rule_add,
     _rule_large_part,
     _rule_factor_exp_sum,

@@ -13,6 +13,10 @@ method the printer calls).
 - ``hypot_excess(a, b) = hypot(a, b) - b``      -> ``a*(a/(torch.hypot(a, b) + b))`` (b > 0)
 - ``xlogy(x, y) = x*log(y)`` (0 where x = 0)   -> ``torch.xlogy``
 - ``ndtr(u) = (1 + erf(u/sqrt(2)))/2``          -> ``0.5*torch.special.erfc(-u/sqrt(2))``
+- ``log_ndtr(u) = log(ndtr(u))``                -> ``torch.special.log_ndtr``
+- ``erfcx(u) = exp(u**2)*erfc(u)``              -> ``torch.special.erfcx``
+  (these two through module-level helpers, ``printer.HELPERS``: ATen has no
+  float16 or bfloat16 kernel for them)
 - ``log1mexp(u) = log(1 - exp(u))`` (u < 0)     -> ``log(-expm1(u))`` above -log(2),
   ``log1p(-exp(u))`` below (Maechler's switch)
 - ``guard(x, cond, safe, earlier)``: ``x`` where ``cond`` holds and ``earlier`` does not,
@@ -151,6 +155,95 @@ class ndtr(StableFunction):  # noqa: N801
 
     def elementary(self):
         return (1 + sympy.erf(self.args[0] / sympy.sqrt(2))) / 2
+
+
+# Above this, erfcx's mpmath value comes from its asymptotic series (8 terms: relative
+# error below 1e-60), since exp(u**2)*erfc(u) would need about 2*log2(u) extra bits.
+_ERFCX_ASYMPTOTIC = 1e4
+
+
+class erfcx(StableFunction):  # noqa: N801
+    """The scaled complementary error function ``exp(u**2)*erfc(u)``.
+
+    As written, ``exp(u**2)`` overflows from u = 9.4 in float32 while ``erfc(u)``
+    underflows from 10: inf*0 = NaN where the product is about ``1/(u*sqrt(pi))``.
+    ``torch.special.erfcx`` computes it directly.
+    """
+
+    nargs = 1
+    tensor_args = (0,)
+
+    @classmethod
+    def eval(cls, u):
+        if u == 0:
+            return sympy.Integer(1)
+
+    @staticmethod
+    def _imp_(u):
+        u = mpmath.mpmathify(u)
+        if isinstance(u, mpmath.mpf) and u > _ERFCX_ASYMPTOTIC:
+            # 1/(u*sqrt(pi)) * sum((-1)**n * (2n - 1)!! / (2u**2)**n)
+            step, term, total = 1 / (2 * u * u), mpmath.mpf(1), mpmath.mpf(1)
+            for n in range(1, 9):
+                term *= -(2 * n - 1) * step
+                total += term
+            return total / (u * mpmath.sqrt(mpmath.pi))
+        extra = 2 * abs(mpmath.mag(u)) + 10 if isinstance(u, mpmath.mpf) and u else 10
+        with mpmath.extraprec(extra):  # (exp of u**2 loses log2(u**2) bits of u**2's rounding)
+            return +(mpmath.exp(u * u) * mpmath.erfc(u))
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        u = self.args[0]
+        return 2 * u * self - 2 / sympy.sqrt(sympy.pi)
+
+    def _eval_is_positive(self):
+        return True if self.args[0].is_real else None  # (not at oo, where it is 0)
+
+    def elementary(self):
+        u = self.args[0]
+        return sympy.exp(u**2) * sympy.erfc(u)
+
+
+class log_ndtr(StableFunction):  # noqa: N801
+    """``log(ndtr(u))``, the log of the standard normal CDF (the probit log-likelihood).
+
+    As written, ``ndtr(u)`` underflows from u = -14 in float32 (log(0) = -inf where the
+    value is about ``-u**2/2``), and its derivative ``pdf(u)/ndtr(u)`` is 0/0 from u = -14.
+    ``torch.special.log_ndtr`` is accurate in both tails; stable writes the derivative as
+    ``sqrt(2/pi)/erfcx(-u/sqrt(2))`` below 0, exact where torch's own backward,
+    ``exp(-u**2/2 - log_ndtr(u))/sqrt(2*pi)``, cancels (relative error 5.5 at u = -1e4 in float32).
+    """
+
+    nargs = 1
+    tensor_args = (0,)
+
+    @classmethod
+    def eval(cls, u):
+        if u == 0:
+            return -sympy.log(2)
+
+    @staticmethod
+    def _imp_(u):
+        u = mpmath.mpmathify(u)
+        if isinstance(u, mpmath.mpf) and u > 0:
+            return mpmath.log1p(-mpmath.ncdf(-u))  # (log(1 - tiny) needs the log1p)
+        return mpmath.log(mpmath.erfc(-u / mpmath.sqrt(2)) / 2)
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        u = self.args[0]
+        # pdf(u)/ndtr(u), 0/0 in float32 from u = -14: stable._normal_tail_products writes it
+        # as sqrt(2/pi)/erfcx(-u/sqrt(2)) for u < 0
+        return sympy.exp(-(u**2) / 2) / (sympy.sqrt(2 * sympy.pi) * ndtr(u))
+
+    def _eval_is_negative(self):
+        return True if self.args[0].is_real else None  # (not at oo, where it is 0)
+
+    def elementary(self):
+        return sympy.log((1 + sympy.erf(self.args[0] / sympy.sqrt(2))) / 2)
 
 
 class logaddexp(StableFunction):  # noqa: N801
@@ -610,7 +703,7 @@ def _analytic_candidate(expr: sympy.Expr, x: sympy.Symbol) -> bool:
             if not node.exp.is_Integer and node.base.has(x):
                 return False
             continue
-        if isinstance(node, (softplus, sigmoid, ndtr, logaddexp, expm1, log1p) + _ANALYTIC):
+        if isinstance(node, (softplus, sigmoid, ndtr, erfcx, log_ndtr, logaddexp, expm1, log1p) + _ANALYTIC):
             continue
         if isinstance(node, Removable):
             continue
@@ -763,4 +856,4 @@ def _float32_error(f, eps: float) -> float:
     return worst
 
 
-STABLE_FUNCTIONS = (softplus, sigmoid, ndtr, logaddexp, hypot, hypot_excess, xlogy, guard, log1mexp)
+STABLE_FUNCTIONS = (softplus, sigmoid, ndtr, erfcx, log_ndtr, logaddexp, hypot, hypot_excess, xlogy, guard, log1mexp)

@@ -20,7 +20,7 @@ from symgrad import stable_functions as sf
 from symgrad.errors import SymgradError
 from symgrad.functions import FUNCTIONS, REDUCTIONS
 from symgrad.inplace import reuse_buffers
-from symgrad.printer import PRINTERS, print_torch
+from symgrad.printer import HELPERS, PRINTERS, print_torch
 from symgrad.stable import stabilize
 
 X, Y = sympy.symbols("x y", real=True)
@@ -74,6 +74,9 @@ CASES = {
     "logaddexp": ((X, Y), PAIRS + [(100.0, -100.0)]),
     "hypot": ((X, Y), PAIRS + [(1e200, 1e200)]),
     "xlogy": ((X, Y), POSITIVE_PAIRS),
+    "ndtr": ((X,), ALL_REALS + [-12.0, 12.0]),
+    "log_ndtr": ((X,), ALL_REALS + [-40.0, 12.0]),
+    "erfcx": ((X,), ALL_REALS + [-9.0, 30.0, 1e5]),
 }
 
 
@@ -84,7 +87,6 @@ def build(name: str) -> sympy.Expr:
 # Printer-only functions (SymPy forms that symgrad produces itself), by class.
 EXTRA = {
     sympy.polygamma: (sympy.polygamma(2, X), POSITIVE),
-    sf.ndtr: (sf.ndtr(X), ALL_REALS + [-12.0, 12.0]),
     sf.guard: (sf.guard(X, X > 0, 1), ALL_REALS),
     sf.hypot_excess: (sf.hypot_excess(X, Y), POSITIVE_PAIRS + [(1e-9, 2.0), (-1e200, 1e200)]),
 }
@@ -95,6 +97,8 @@ def run(expr: sympy.Expr, point, dtype=torch.float64):
     point = point if isinstance(point, tuple) else (point,)
     symbols = sorted(expr.free_symbols, key=str)
     env = {"torch": torch}
+    for source in HELPERS.values():  # (as a generated module defines them)
+        exec("\n".join(source), env)  # noqa: S102 - our own helpers
     for symbol, value in zip([X, Y], point):
         env[NAMES[symbol]] = torch.tensor([value], dtype=dtype)
     result = eval(code, env)  # noqa: S307 - our own printed code
@@ -123,6 +127,18 @@ def test_every_user_function_prints_to_its_exact_value(name):
 def test_printer_only_functions(cls):
     expr, points = EXTRA[cls]
     check(expr, points)
+
+
+@pytest.mark.parametrize("name", ["log_ndtr", "erfcx"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_helpers_compute_half_precision_in_float32(name, dtype):
+    """ATen has no float16 or bfloat16 CPU kernel for log_ndtr and erfcx; the printed helpers
+    compute those in float32, and keep the input's dtype."""
+    expr = build(name)
+    for point in ALL_REALS:
+        code, result, values, _ = run(expr, point, dtype)
+        assert result.dtype == dtype, code
+        assert result.item() == pytest.approx(exact(expr, values), rel=torch.finfo(dtype).eps), (code, point)
 
 
 def test_every_printer_has_a_case():

@@ -374,16 +374,40 @@ def _without(folder: Path, template: str, start: str, end: str) -> None:
 
 
 def test_template_without_the_fused_helpers_is_refused(cli, tmp_path):
-    """A custom (or pre-0.1 copy of) fused.py.jinja that does not print plan.fused.helpers
-    would write a module whose bodies call an undefined _sigmoid: refused, nothing written."""
+    """A custom (or pre-0.1 copy of) fused.py.jinja that does not print the helpers would
+    write a module whose bodies call an undefined _sigmoid: refused, nothing written."""
     folder = custom_templates(tmp_path / "old", "before helpers")
-    _without(folder, "fused.py.jinja", "{% for line in plan.fused.helpers %}", "def {{ plan.fused.forward_name }}")
+    _without(folder, "fused.py.jinja", "{% for line in plan.helpers %}", "def {{ plan.fused.forward_name }}")
     assert_error(
         cli("tanh(x)", "--name", "TanhFused", "--fuse", "--templates", "old"),
-        "template 'fused.py.jinja' calls _sigmoid without defining it: print plan.fused.helpers",
+        "template 'fused.py.jinja' calls _sigmoid without defining it: print plan.helpers"
+        " (see symgrad's templates/fused.py.jinja)",
     )
     assert not (tmp_path / "generated" / "tanh_fused.py").exists()
     assert cli("x**3", "--name", "Cube", "--fuse", "--templates", "old")[0] == 0  # (no sigmoid: no helper)
+
+
+def test_fused_template_printing_the_older_fused_helpers_still_works(cli, tmp_path):
+    """Fused templates written before every module had helpers print plan.fused.helpers,
+    which holds the same lines."""
+    folder = custom_templates(tmp_path / "old", "fused helpers")
+    text = (folder / "fused.py.jinja").read_text()
+    (folder / "fused.py.jinja").write_text(text.replace("{% for line in plan.helpers %}", "{% for line in plan.fused.helpers %}"))
+    assert cli("tanh(x)", "--name", "TanhFused", "--fuse", "--templates", "old")[0] == 0
+    assert "def _sigmoid(u):" in (tmp_path / "generated" / "tanh_fused.py").read_text()
+
+
+def test_function_template_without_helpers_is_refused_where_one_is_called(cli, tmp_path):
+    """log_ndtr and erfcx print as module-level helpers (printer.HELPERS) in every module:
+    a custom function.py.jinja from before them is refused where the module calls one."""
+    folder = custom_templates(tmp_path / "old", "before helpers")
+    _without(folder, "function.py.jinja", "{% for line in plan.helpers %}", "{# The same in fused.py.jinja. #}")
+    assert_error(
+        cli("log(erfc(x))", "--name", "LogErfc", "--templates", "old"),
+        "template 'function.py.jinja' calls _erfcx without defining it: print plan.helpers",
+    )
+    assert not (tmp_path / "generated" / "log_erfc.py").exists()
+    assert cli("x**2", "--name", "Square", "--templates", "old")[0] == 0
 
 
 @pytest.mark.parametrize("parameters", ["body, *args", "body, operations, *args"])
