@@ -2110,6 +2110,7 @@ def test_normal_tail_values_exact_and_gradients_finite(case, dtype, gen_dir, dev
         assert math.isfinite(apply(module, torch.tensor([x], dtype=dtype, device=device)).item())
     x = torch.tensor(POINTS, dtype=dtype, device=device, requires_grad=True)
     (grad,) = torch.autograd.grad(apply(module, x).sum(), x)
-    assert torch.isfinite(grad[x.detach() > -9]).all(), grad  # (erfcx overflows below -9.4 in float32)
+    finite_from = -9.0 if case.name == "erfcx" else -math.inf  # (erfcx overflows below -9.4 in float32)
+    assert torch.isfinite(grad[x.detach() > finite_from]).all(), grad
     if case.kernel is not None:
         _assert_at_least_as_accurate(case, module, dtype, device)
