@@ -587,12 +587,14 @@ def _tail_product(factors: tuple[sympy.Expr, ...], kept: frozenset = frozenset()
     turn (but those in ``kept``).
 
     The ``erfcx`` form is taken only in the tail it is for (erfc: u > 0, ndtr: u < 0), and
-    the product as written elsewhere, unless it is ``erfcx(u)**k`` alone (k > 0): on the other
-    side ``erfc`` and ``ndtr`` are near 2 and 1, and ``erfcx`` of a negative argument is
-    about ``2*exp(u**2)``, which overflows where the product need not (``exp(-u**2/2)*
-    ndtr(u)``, the skew-normal density, was nan from u = 14 in float32 that way; found in
-    review), and whose ``exp`` amplifies the rounding of ``u**2`` by ``u**2`` (130 float64
-    ulps of the probit gradient at u = 20, where the quotient as written is exact).
+    the product as written elsewhere: on the other side ``erfc`` and ``ndtr`` are near 2
+    and 1, and ``erfcx`` of a negative argument is about ``2*exp(u**2)``, which overflows
+    where the product need not (``exp(-u**2/2)*ndtr(u)``, the skew-normal density, was nan
+    from u = 14 in float32 that way; found in review), and whose ``exp`` amplifies the
+    rounding of its argument, which ndtr's scaling by 1/sqrt(2) adds, by ``2*u**2`` (130
+    float64 ulps of the probit gradient at u = 20, where the quotient as written is exact;
+    ``exp(x**2/2)*erfc(x/sqrt(2))/2`` as ``erfcx`` alone was 515 ulps off at x = -25.5,
+    where the product is 2.7: found by a fuzz campaign in review).
     """
     factors = sympy.Mul.make_args(sympy.Mul(*factors))  # (a distributed term's powers joined)
     exps = [f for f in factors if isinstance(f, sympy.exp)]
@@ -614,8 +616,6 @@ def _tail_product(factors: tuple[sympy.Expr, ...], kept: frozenset = frozenset()
         rest = sympy.Mul(*(g for g in factors if g is not f and g not in exps))
         product = rest * sympy.exp(left) * scaled**power
         product = _tail_product(sympy.Mul.make_args(product), kept) or product  # (the next factor)
-        if power > 0 and left == 0:
-            return product
         elsewhere = _tail_product(factors, kept | {f}) or sympy.Mul(*factors)
         return sympy.Piecewise((product, in_tail), (elsewhere, True))
     return None
