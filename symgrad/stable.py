@@ -591,7 +591,7 @@ def _tail_product(factors: tuple[sympy.Expr, ...], kept: frozenset = frozenset()
     and 1, and ``erfcx`` of a negative argument is about ``2*exp(u**2)``, which overflows
     where the product need not (``exp(-u**2/2)*ndtr(u)``, the skew-normal density, was nan
     from u = 14 in float32 that way; found in review), and whose ``exp`` amplifies the
-    rounding of its argument, which ndtr's scaling by 1/sqrt(2) adds, by ``2*u**2`` (130
+    rounding of a scaled argument (ndtr's 1/sqrt(2), or the user's) by ``2*u**2`` (130
     float64 ulps of the probit gradient at u = 20, where the quotient as written is exact;
     ``exp(x**2/2)*erfc(x/sqrt(2))/2`` as ``erfcx`` alone was 515 ulps off at x = -25.5,
     where the product is 2.7: found by a fuzz campaign in review).
