@@ -170,13 +170,14 @@ def _assign_names(derivation: Derivation, alias: str) -> _Names:
         module_level |= set(_fused_names(alias).values()) | set(COMPILED_CALLS.values())
     # Builtins the generated bodies call, which a user symbol must not shadow.
     builtins_used = {"isinstance", "getattr"}
+    # Names the bodies may use: printer.HELPERS too, which the public signature below need
+    # not avoid, as the alias calls none (a user's `_erfcx` keeps its keyword there).
+    in_bodies = module_level | set(HELPERS) | builtins_used
     # User symbols first avoid every name the generated code uses for itself ...
-    # (printer.HELPERS too, which the bodies may call; the public signature below need not
-    # avoid them, as the alias calls none: a user's `_erfcx` keeps its keyword there.)
-    user_namer = Namer(RESERVED | module_level | set(HELPERS) | builtins_used)
+    user_namer = Namer(RESERVED | in_bodies)
     internal = {s: user_namer.claim(s.name) for s in parsed.inputs + parsed.params}
     # ... then symgrad's own names avoid the users' (a user may call a symbol ``t0``).
-    namer = Namer(set(internal.values()) | module_level | set(HELPERS) | builtins_used)
+    namer = Namer(set(internal.values()) | in_bodies)
     # The public signature keeps the user's names; only ``torch`` (which the alias body
     # calls) and the module-level names must differ.
     public_namer = Namer(module_level)

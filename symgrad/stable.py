@@ -549,13 +549,15 @@ def _normal_tail_products(expr: sympy.Expr) -> sympy.Expr:
 
 def _tail_mul(node: sympy.Mul) -> sympy.Expr | None:
     factors = sympy.Mul.make_args(node)
+    if not any(_tail_power(f) for f in factors):
+        return None  # (the common case, before any product is rebuilt)
     direct = _tail_product(factors)
     if direct is not None:
         return direct
     # A sum over a power of ndtr or erfc (a quotient's derivative, simplified: (x*exp(-x**2/2)
     # *ndtr(x) + exp(-x**2)/sqrt(2*pi))/ndtr(x)**2) is distributed where a term cancels.
     sums = [f for f in factors if f.is_Add]
-    if len(sums) != 1 or not any(_tail_power(f) for f in factors):
+    if len(sums) != 1:
         return None
     others = [f for f in factors if f is not sums[0]]
     terms = [_tail_product((*others, *sympy.Mul.make_args(t))) for t in sums[0].args]
@@ -596,12 +598,13 @@ def _tail_product(factors: tuple[sympy.Expr, ...], kept: frozenset = frozenset()
     ``exp(x**2/2)*erfc(x/sqrt(2))/2`` as ``erfcx`` alone was 515 ulps off at x = -25.5,
     where the product is 2.7: found by a fuzz campaign in review).
     """
-    factors = sympy.Mul.make_args(sympy.Mul(*factors))  # (a distributed term's powers joined)
-    exps = [f for f in factors if isinstance(f, sympy.exp)]
-    if not exps or sum(1 for f in factors if _tail_power(f)) > _TAIL_MAX_FACTORS:
+    product = sympy.Mul(*factors)  # (a distributed term's powers joined)
+    factors = sympy.Mul.make_args(product)
+    exponent, others = _exp_factors(product)
+    others = sympy.Mul.make_args(others)
+    if exponent == 0 or sum(1 for f in others if _tail_power(f)) > _TAIL_MAX_FACTORS:
         return None
-    exponent = sympy.Add(*(f.args[0] for f in exps))
-    for f in factors:
+    for f in others:
         tail = None if f in kept else _tail_power(f)
         if tail is None:
             continue
@@ -613,7 +616,7 @@ def _tail_product(factors: tuple[sympy.Expr, ...], kept: frozenset = frozenset()
         left = _expand(exponent + power * quadratic)
         if _size(left) >= _size(exponent):
             continue
-        rest = sympy.Mul(*(g for g in factors if g is not f and g not in exps))
+        rest = sympy.Mul(*(g for g in others if g is not f))
         product = rest * sympy.exp(left) * scaled**power
         product = _tail_product(sympy.Mul.make_args(product), kept) or product  # (the next factor)
         elsewhere = _tail_product(factors, kept | {f}) or sympy.Mul(*factors)

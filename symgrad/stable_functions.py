@@ -234,10 +234,10 @@ class log_ndtr(StableFunction):  # noqa: N801
     def fdiff(self, argindex=1):
         if argindex != 1:
             raise ArgumentIndexError(self, argindex)
-        u = self.args[0]
+        cdf = ndtr(self.args[0])
         # pdf(u)/ndtr(u), 0/0 in float32 from u = -14: stable._normal_tail_products writes it
         # as sqrt(2/pi)/erfcx(-u/sqrt(2)) for u < 0
-        return sympy.exp(-(u**2) / 2) / (sympy.sqrt(2 * sympy.pi) * ndtr(u))
+        return cdf.fdiff() / cdf
 
     def _eval_is_negative(self):
         return True if self.args[0].is_real else None  # (not at oo, where it is 0)
