@@ -19,7 +19,19 @@ from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from .errors import SymgradError
-from .stable_functions import erfcx, guard, hypot, hypot_excess, log_ndtr, logaddexp, ndtr, sigmoid, softplus, xlogy
+from .stable_functions import (
+    erfcx,
+    guard,
+    hypot,
+    hypot_excess,
+    log_ndtr,
+    logaddexp,
+    ndtr,
+    norm_ratio,
+    sigmoid,
+    softplus,
+    xlogy,
+)
 
 Args = list[str]
 
@@ -104,6 +116,8 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     logaddexp: _call("torch.logaddexp"),
     hypot: _call("torch.hypot"),
     hypot_excess: lambda args: _hypot_excess(*args),
+    # a/n kept whole (stable_functions.norm_ratio), where SymPy would merge the powers
+    norm_ratio: lambda args: f"{_as_atom(args[0])} / {_as_atom(args[1])}",
     xlogy: _call("torch.xlogy"),
     # guard(x, cond, safe[, earlier]): the inner where of the "double where" (stable._guard_piecewise).
     guard: lambda args: _guard(*args),

@@ -74,6 +74,7 @@ from .stable_functions import (
     log_ndtr,
     logaddexp,
     ndtr,
+    norm_ratio,
     removable,
     sigmoid,
     softplus,
@@ -886,6 +887,76 @@ def _rule_hypot_excess(node: sympy.Expr):
     return None
 
 
+def _norm_components(norm: hypot) -> list[sympy.Expr]:
+    """The non-number parts of a (nested) hypot's arguments: x and y for
+    hypot(hypot(x, 2*y), 1)."""
+    components: list[sympy.Expr] = []
+    for arg in norm.args:
+        parts = _norm_components(arg) if isinstance(arg, hypot) else [arg.as_coeff_Mul()[1]]
+        components += [p for p in parts if not p.is_number and p not in components]
+    return components
+
+
+_NORM_MAX_TERMS = 8  # a sum of more monomials is not divided into a norm's power
+
+
+def _monomial_degree(term: sympy.Expr, names: set[sympy.Dummy]) -> int | None:
+    """The degree of ``term`` if it is a number times powers of ``names``, else None."""
+    coefficient, rest = term.as_coeff_Mul()
+    degree = 0
+    for factor in sympy.Mul.make_args(rest):
+        base, exponent = factor.as_base_exp()
+        if not (base in names and exponent.is_Integer and exponent > 0):
+            return None
+        degree += int(exponent)
+    return degree if coefficient.is_number else None
+
+
+def _homogeneous_degree(factor: sympy.Expr, names: set[sympy.Dummy]) -> int:
+    """The degree of ``factor`` if it is a sum of at most _NORM_MAX_TERMS monomials in
+    ``names`` of one positive degree, else 0. (Written out as it stands: a power of a sum is
+    not expanded, which could make thousands of terms.)"""
+    terms = sympy.Add.make_args(factor)
+    if len(terms) > _NORM_MAX_TERMS:
+        return 0
+    degrees = {_monomial_degree(t, names) for t in terms}
+    return degrees.pop() or 0 if len(degrees) == 1 and None not in degrees else 0
+
+
+def _rule_norm_ratio(node: sympy.Expr):
+    """``f(a, b)*hypot(a, b)**-n`` -> ``f(a/h, b/h)*h**(d - n)`` (h = hypot(a, b)) for a
+    homogeneous polynomial ``f`` of degree ``d <= n``, n >= 2, with the quotients kept
+    whole (norm_ratio): hypot's second derivatives, ``b**2/hypot(a, b)**3`` and the like,
+    are 0 in float32 where the norm passes 7e12 (its cube overflows), and inf or 0*inf =
+    nan where it is below 1.4e-13 (its cube underflows), while ``(b/h)**2/h`` is exact
+    there."""
+    if not node.is_Mul:
+        return None
+    power = next((f for f in node.args if isinstance(f.as_base_exp()[0], hypot)), None)
+    if power is None:
+        return None
+    norm, exponent = power.as_base_exp()
+    components = _norm_components(norm)
+    if not (exponent.is_Integer and exponent <= -2 and components):
+        return None
+    # Each component stands for itself, so that (y - 1)**2 is a square of y - 1.
+    names = {c: sympy.Dummy(real=True) for c in components}
+    ratios = {names[c]: norm_ratio(c, norm) for c in components}
+    named = {f: f.xreplace(names) for f in node.args if f is not power}
+    degrees = {f: _homogeneous_degree(named[f], set(ratios)) for f in named}
+    degree, factors = 0, []
+    # the highest degrees first, so that as little of the norm's power as possible is left
+    for factor in sorted(named, key=lambda f: -degrees[f]):
+        if degrees[factor] and degree + degrees[factor] <= -exponent:
+            degree += degrees[factor]
+            factors.append(named[factor].xreplace(ratios))
+        else:
+            factors.append(factor)
+    if not degree:
+        return None
+    return sympy.Mul(*factors, norm ** (exponent + degree))
+
+
 def _rule_xlogy(node: sympy.Expr):
     """``u*log(b)**k`` -> ``xlogy(...xlogy(u, b)..., b)`` (k times, k a positive integer): 0
     where u is 0, as the mathematics is wherever u vanishes faster than the log grows. A
@@ -1079,6 +1150,7 @@ _RULES = (
     _rule_exp_lse,
     _rule_hypot,
     _rule_hypot_excess,
+    _rule_norm_ratio,
     _rule_root_excess,
     _rule_xlogy,
     _rule_xlogy_absorbs,

@@ -10,6 +10,7 @@ method the printer calls).
 - ``sigmoid(u) = 1 / (1 + exp(-u))``           -> ``torch.sigmoid``
 - ``logaddexp(a, b) = log(exp(a) + exp(b))``   -> ``torch.logaddexp``
 - ``hypot(a, b) = sqrt(a**2 + b**2)``          -> ``torch.hypot``
+- ``norm_ratio(a, n) = a/n`` (n a norm of a)    -> ``a / n``, kept whole
 - ``hypot_excess(a, b) = hypot(a, b) - b``      -> ``a*(a/(torch.hypot(a, b) + b))`` (b > 0)
 - ``xlogy(x, y) = x*log(y)`` (0 where x = 0)   -> ``torch.xlogy``
 - ``ndtr(u) = (1 + erf(u/sqrt(2)))/2``          -> ``0.5*torch.special.erfc(-u/sqrt(2))``
@@ -34,6 +35,7 @@ import math
 import mpmath
 import sympy
 from sympy.core.function import ArgumentIndexError
+from sympy.printing.precedence import PRECEDENCE
 
 
 def _mp(value):
@@ -304,6 +306,40 @@ class hypot(StableFunction):  # noqa: N801
     def elementary(self):
         a, b = self.args
         return sympy.sqrt(a**2 + b**2)
+
+
+class norm_ratio(StableFunction):  # noqa: N801
+    """``a/n``, a component ``a`` of a norm ``n`` (``hypot``) over that norm: at most 1 in
+    magnitude, so it neither overflows nor underflows where ``a`` and ``n`` are finite.
+
+    It exists to keep the quotient whole: SymPy merges ``(a/n)**2/n`` back into
+    ``a**2*n**-3``, which overflows and underflows in float32 where the norm is beyond 7e12
+    or below 1.4e-13 (``hypot``'s second derivatives; stable._rule_norm_ratio).
+    """
+
+    nargs = 2
+
+    @staticmethod
+    def _imp_(a, n):
+        return mpmath.mpmathify(a) / mpmath.mpmathify(n)
+
+    def fdiff(self, argindex=1):
+        a, n = self.args
+        if argindex == 1:
+            return 1 / n
+        if argindex == 2:
+            return -self / n
+        raise ArgumentIndexError(self, argindex)
+
+    def elementary(self):
+        a, n = self.args
+        return a / n
+
+    def _sympystr(self, printer) -> str:
+        # Docstrings show the quotient, parenthesised: SymPy gives a call an atom's precedence.
+        a, n = self.args
+        over = printer.parenthesize(a, PRECEDENCE["Mul"]), printer.parenthesize(n, PRECEDENCE["Mul"], strict=True)
+        return "(%s/%s)" % over
 
 
 class ExpandedFunction(StableFunction):
@@ -856,4 +892,17 @@ def _float32_error(f, eps: float) -> float:
     return worst
 
 
-STABLE_FUNCTIONS = (softplus, sigmoid, ndtr, erfcx, log_ndtr, logaddexp, hypot, hypot_excess, xlogy, guard, log1mexp)
+STABLE_FUNCTIONS = (
+    softplus,
+    sigmoid,
+    ndtr,
+    erfcx,
+    log_ndtr,
+    logaddexp,
+    hypot,
+    norm_ratio,
+    hypot_excess,
+    xlogy,
+    guard,
+    log1mexp,
+)

@@ -89,6 +89,7 @@ EXTRA = {
     sympy.polygamma: (sympy.polygamma(2, X), POSITIVE),
     sf.guard: (sf.guard(X, X > 0, 1), ALL_REALS),
     sf.hypot_excess: (sf.hypot_excess(X, Y), POSITIVE_PAIRS + [(1e-9, 2.0), (-1e200, 1e200)]),
+    sf.norm_ratio: (sf.norm_ratio(X, sf.hypot(X, Y)), POSITIVE_PAIRS + [(-1e-300, 1e-300), (3e200, -4e200)]),
 }
 
 

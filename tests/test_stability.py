@@ -625,6 +625,12 @@ def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, sa
 
 X, Y = sympy.symbols("x y", real=True)
 EQUALITY_EXPRS = [
+    # powers of a norm over homogeneous polynomials of its components (stable._rule_norm_ratio)
+    sympy.diff(sympy.sqrt(X**2 + Y**2), X, 2),
+    sympy.diff(sympy.sqrt(X**2 + Y**2), X, Y),
+    sympy.diff(X / sympy.sqrt(X**2 + (Y - 1) ** 2), Y),
+    sympy.diff(sympy.sqrt(X**2 + 4 * Y**2 + 1), X, 3),
+    X**2 * Y / (X**2 + Y**2) ** sympy.Rational(5, 2) + sympy.sin(X) * X * Y / (X**2 + Y**2),
     # the normal tails (stable._rule_normal_tail, _normal_tail_products), and their gradients
     sympy.log((1 + sympy.erf(X / sympy.sqrt(2))) / 2),
     sympy.log(sympy.erfc(X * Y) / 3),
@@ -1029,6 +1035,8 @@ FUNCTION_CASES = [
     (sf.logaddexp(X, Y), [X, Y]),
     (sf.hypot(X, Y), [X, Y]),
     (sf.hypot_excess(X, Y), [X, Y]),
+    (sf.norm_ratio(X, sf.hypot(X, Y)), [X, Y]),
+    (sf.norm_ratio(Y, sf.hypot(X, Y)) ** 2 / sf.hypot(X, Y), [X, Y]),
     (sf.xlogy(X, Y), [X, Y]),
     (sf.log1mexp(-X), [X]),  # (at x = 0.7, just below the switch at -log(2))
     (sf.log1mexp(-X / 2), [X]),  # (and above it)
@@ -1963,10 +1971,6 @@ def test_two_input_second_derivatives_match_exact_math(name, dtype, save, gen_di
     case = next(c for c in CASES if c.name == name)
     module = load(case, gen_dir, save=save)
     points = [p for p in case.points or PAIRS if case.where(*(mpmath.mpf(v) for v in p))]
-    if name == "hypot" and dtype == torch.float32:
-        # Known gap (README): where a coordinate is 1e-30, its square underflows in float32,
-        # and the second derivatives, b**2/hypot(a, b)**3 and the like, are 0/0 or 0.
-        points = [p for p in points if 1e-30 not in p]
     a, b = (torch.tensor(column, dtype=dtype, device=device, requires_grad=True) for column in zip(*points))
     (ga, gb) = torch.autograd.grad(apply(module, a, b).sum(), (a, b), create_graph=True)
     # (xlogy's d2/dx2 is 0: its gradient log(y) does not use x)
@@ -1985,6 +1989,71 @@ def test_two_input_second_derivatives_match_exact_math(name, dtype, save, gen_di
                     if abs(want) <= torch.finfo(dtype).max and rel_error(got, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
                         bad.append((point, (i, j), got, float(want)))
     assert not bad, f"{name} ({save}, {dtype}): off at {bad} ({len(bad)} entries)"
+
+
+def test_norm_powers_become_ratios_of_the_norm():
+    """stable._rule_norm_ratio: a homogeneous polynomial of a norm's components over a power
+    of the norm takes as much of the power as its degree, as quotients kept whole."""
+    h = sf.hypot(X, Y)
+    r = lambda c, n=h: sf.norm_ratio(c, n)  # noqa: E731
+    assert stabilize(Y**2 / h**3) == r(Y) ** 2 / h
+    assert stabilize(-X * Y / h**3) == -r(X) * r(Y) / h
+    assert stabilize(X**2 * Y / h**2) == Y * r(X) ** 2  # the higher degree first
+    assert stabilize(3 * X**2 * Y / h**5) == 3 * r(X) ** 2 * r(Y) / h**2
+    h3 = sf.hypot(sf.hypot(X, Y), _Z)
+    assert stabilize((Y**2 + _Z**2) / h3**3) == (r(Y, h3) ** 2 + r(_Z, h3) ** 2) / h3
+    shifted = sf.hypot(X, Y - 1)
+    assert stabilize((Y - 1) ** 2 / shifted**3) == r(Y - 1, shifted) ** 2 / shifted
+    scaled = sf.hypot(2 * X, 1)
+    assert stabilize(4 * X**2 / scaled**3) == 4 * r(X, scaled) ** 2 / scaled
+    # unchanged: a first power (x/h cannot overflow), no polynomial factor, a polynomial
+    # that is not homogeneous, and a degree above the power
+    for kept in (X / h, h**-3, (X**2 + Y) / h**3, X**3 / h**2, sympy.sin(X) / h**2):
+        assert stabilize(kept) == kept
+
+
+# Scales where a norm's square or cube over- or underflows: float32's from 1e13 and below
+# 1e-13, float64's from 1e103 and below 1e-103 (and where the norm itself would, 1e30 and
+# 1e200 squared).
+_NORM_SCALES = {
+    torch.float32: [1e-30, -1e-20, 1e-15, 3e-13, 0.5, -3.0, 1e13, -1e20, 1e30],
+    torch.float64: [1e-200, -1e-110, 1e-90, 0.5, -3.0, 1e110, -1e160, 1e300],
+}
+
+
+@pytest.mark.parametrize("save", ["memory", "speed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("text", ["sqrt(x**2+y**2)", "sqrt(x**2+y**2+z**2)", "x/sqrt(x**2+y**2)"])
+def test_norm_derivatives_exact_at_every_scale(text, dtype, save, device):
+    """Values, gradients and every Hessian entry of norms, at every combination of scales:
+    b**2/hypot(a, b)**3 and the like were 0, inf or nan at 82 of the 2-d norm's 433
+    float32 entries here whose truth is a normal number and at 1308 of the 3-d norm's 5955
+    (float64: 80 of 340, 1299 of 4148); as (b/h)**2/h they are exact."""
+    symbols = _XYZ[: 3 if "z" in text else 2]
+    exact = sympy.sympify(text, locals={str(s): s for s in symbols})
+    module = _exec_module(generate_source(text, "Norm", inputs=[str(s) for s in symbols], save=save), "norm")
+    points = list(itertools.product(_NORM_SCALES[dtype], repeat=len(symbols)))
+    if text.startswith("x/"):
+        # Its second derivatives are autograd's (the probe finds them accurate, so there is no
+        # second-derivative Function), whose reciprocal backward squares 1/h: inf where the
+        # norm is below 1.8e-19 in float32 (5 of these 327 entries; README).
+        points = [p for p in points if math.hypot(*p) >= torch.finfo(dtype).max ** -0.5]
+    inputs = [torch.tensor(column, dtype=dtype, device=device, requires_grad=True) for column in zip(*points)]
+    value = module["norm"](*inputs)
+    gradients = torch.autograd.grad(value.sum(), inputs, create_graph=True)
+    hessian = [torch.autograd.grad(g.sum(), inputs, retain_graph=True) for g in gradients]
+    entries = [((), value)] + [((s,), gradients[i]) for i, s in enumerate(symbols)]
+    entries += [((s, t), hessian[i][j]) for (i, s), (j, t) in itertools.product(enumerate(symbols), repeat=2)]
+    finfo = torch.finfo(dtype)
+    bad = []
+    for by, got in entries:
+        entry = sympy.lambdify(symbols, sympy.diff(exact, *by) if by else exact, modules="mpmath")
+        for k, point in enumerate(points):
+            with mpmath.workdps(700):  # (the unsimplified entries cancel to 1e-600 relative)
+                want = entry(*(mpmath.mpf(v) for v in point))
+            if finfo.tiny <= abs(want) <= finfo.max and rel_error(got[k].item(), want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
+                bad.append((point, by, got[k].item(), float(want)))
+    assert not bad, f"{text} ({save}, {dtype}): off at {bad[:4]} ({len(bad)} of {len(points) * len(entries)})"
 
 
 # Three-input cases whose double backward was inexact before the probe covered three
