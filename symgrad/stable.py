@@ -1066,18 +1066,23 @@ def _rule_sinh_over_cosh(node: sympy.Expr):
     k = min(a, b): sinh(x/2)/cosh(x/2)**3, sigmoid's second derivative as SymPy simplifies
     it, is inf/inf = nan from x = 179 in float32, where tanh(x/2)/cosh(x/2)**2 is 0 (found
     by a double-backward survey); so was the gradient of 1/cosh(x)**2, -2*sinh(x)/cosh(x)**3,
-    from |x| = 90 (found in review)."""
+    from |x| = 90 (found in review). The other way round, ``cosh(u)**a*sinh(u)**-b`` ->
+    ``tanh(u)**-k*...``: the Langevin function coth(x) - 1/x's second derivative,
+    2*cosh(x)/sinh(x)**3 - 2/x**3, was nan from |x| = 90 in float32 (found by an accuracy
+    hunt), where autograd differentiating 1/tanh(x) is finite."""
     if not node.is_Mul:
         return None
     powers = dict(f.as_base_exp() for f in node.args)
     for base, a in powers.items():
-        if isinstance(base, sympy.sinh) and a.is_Integer and a > 0:
-            partner = sympy.cosh(base.args[0])
+        if isinstance(base, (sympy.sinh, sympy.cosh)) and a.is_Integer and a > 0:
+            partner = (sympy.cosh if isinstance(base, sympy.sinh) else sympy.sinh)(base.args[0])
             b = powers.get(partner)
             if b is not None and b.is_Integer and b < 0:
                 k = min(a, -b)
+                # (cosh over sinh the other way round: 1/tanh(u) times sinh's remaining power)
+                ratio = sympy.tanh(base.args[0]) ** (k if isinstance(base, sympy.sinh) else -k)
                 rest = [f for f in node.args if f.as_base_exp()[0] not in (base, partner)]
-                return sympy.Mul(*rest, sympy.tanh(base.args[0]) ** k, base ** (a - k), partner ** (b + k))
+                return sympy.Mul(*rest, ratio, base ** (a - k), partner ** (b + k))
     return None
 
 

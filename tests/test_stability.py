@@ -97,6 +97,10 @@ def _exprel(x):
     return mpmath.mpf(1) if x == 0 else mpmath.expm1(x) / x
 
 
+def _langevin(x):
+    return mpmath.mpf(0) if x == 0 else mpmath.coth(x) - 1 / x
+
+
 def _xlogy(x, y):
     return mpmath.mpf(0) if x == 0 else x * mpmath.log(y)
 
@@ -142,6 +146,9 @@ CASES = [
     Case("entropy", "-x*log(x)", lambda x: -_xlogy(x, x), where=lambda x: x > 0, domain={"x": (0.1, 3.0)}),
     Case("sinc", "sin(x)/x", _sinc),
     Case("exprel", "(exp(x)-1)/x", _exprel),
+    # (its second derivative, 2*cosh(x)/sinh(x)**3 - 2/x**3 as SymPy writes it, was nan from
+    # |x| = 90 in float32: stable._rule_sinh_over_cosh; found by an accuracy hunt)
+    Case("langevin", "1/tanh(x) - 1/x", _langevin),
     Case(
         "elu",
         "Piecewise((x, x > 0), (exp(x) - 1, True))",
@@ -1622,6 +1629,9 @@ def test_sinh_over_cosh_powers_become_tanh():
     assert stabilize(sympy.sinh(u) / sympy.cosh(u) ** 3) == sympy.tanh(u) / sympy.cosh(u) ** 2
     assert stabilize(sympy.sinh(x) ** 3 / sympy.cosh(x)) == sympy.tanh(x) * sympy.sinh(x) ** 2
     assert stabilize(3 * sympy.sinh(x) ** 2 / sympy.cosh(x) ** 2) == 3 * sympy.tanh(x) ** 2
+    # the other way round (the Langevin function's second derivative, found by an accuracy hunt)
+    assert stabilize(sympy.cosh(x) / sympy.sinh(x) ** 3) == 1 / (sympy.tanh(x) * sympy.sinh(x) ** 2)
+    assert stabilize(sympy.cosh(u) ** 3 / sympy.sinh(u) ** 2) == sympy.cosh(u) / sympy.tanh(u) ** 2
 
 
 def test_sech_squared_gradient_is_finite_where_cosh_overflows(gen_dir, device):
