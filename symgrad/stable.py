@@ -495,6 +495,37 @@ def _rule_log(node: sympy.Expr):
     return sympy.log(content * c) + v + softplus(w)
 
 
+# Positive functions whose logarithm has a form of its own: log(exp(u)) = u, log(sigmoid(u))
+# = -softplus(-u), log(cosh(u)) (_log_cosh). (Not ndtr and erfc: _rule_normal_tail takes
+# their number coefficients along.)
+_LOG_SPLITS = (sympy.exp, sigmoid, sympy.cosh)
+
+
+def _rule_log_product(node: sympy.Expr):
+    """``log(f**k*g*...)`` -> ``k*log(f) + log(g*...)`` for the factors ``f`` of _LOG_SPLITS
+    (and positive numbers), which are positive, so that the sum is equal wherever the log
+    is real: a density's logarithm, ``log(exp(-x**2/2)/sqrt(2*pi))``, was -inf from |x| = 14
+    in float32 where the product underflows, and the logistic one, ``log(sigmoid(x)*(1 -
+    sigmoid(x)))``, from |x| = 88 (found by an accuracy hunt)."""
+    if not (isinstance(node, sympy.log) and (node.args[0].is_Mul or node.args[0].is_Pow)):
+        return None
+    split, numbers, kept = [], [], []
+    for factor in sympy.Mul.make_args(node.args[0]):
+        # (exp(u).as_base_exp() is (E, u))
+        base, k = (factor, sympy.S.One) if isinstance(factor, sympy.exp) else factor.as_base_exp()
+        # (An argument that is not provably real, such as x/s, is real wherever the code
+        # computes: over the reals, as in _rule_inverse.)
+        if isinstance(base, _LOG_SPLITS) and k.is_extended_real and base.args[0].is_extended_real is not False:
+            split.append(k * (base.args[0] if isinstance(base, sympy.exp) else sympy.log(base)))
+        elif factor.is_number and factor.is_positive:
+            numbers.append(factor)
+        else:
+            kept.append(factor)
+    if not split:
+        return None  # no function of _LOG_SPLITS: nothing gained
+    return sympy.Add(*split, sympy.log(sympy.Mul(*numbers)), sympy.log(sympy.Mul(*kept)))
+
+
 def _rule_normal_tail(node: sympy.Expr):
     """``log(c*ndtr(u))`` and ``log(c*erfc(u))`` as ``log_ndtr`` (see the module docstring).
 
@@ -957,6 +988,38 @@ def _rule_norm_ratio(node: sympy.Expr):
     return sympy.Mul(*factors, norm ** (exponent + degree))
 
 
+_OVERFLOWING = (sympy.exp, sympy.cosh, sympy.sinh, sympy.tan, sympy.gamma)
+
+
+def _can_overflow(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` may be inf where it is not taken: an exp-like function or a power
+    that is not a non-negative number (1/x at 0)."""
+    return expr.has(*_OVERFLOWING) or any(
+        p.is_Pow and not (p.exp.is_number and p.exp.is_nonnegative) for p in sympy.preorder_traversal(expr)
+    )
+
+
+def _rule_heaviside_mask(node: sympy.Expr):
+    """``Heaviside(u)*f`` -> ``Piecewise((Heaviside(u)*f, u >= 0), (0, True))`` where ``f``
+    may overflow: printed as ``0.5*(sign(u) + 1)*f`` it is 0*inf = nan where u < 0 and f
+    overflows. The derivative of Min(0, u) holds Heaviside(-u)*u': ELU written with Max and
+    Min, ``Max(x, 0) + Min(0, exp(x) - 1)``, had a nan gradient from x = 89 in float32, as
+    autograd's has (found by an accuracy hunt); as a Piecewise the untaken branch is cut
+    off (_guard_piecewise)."""
+    if not node.is_Mul:
+        return None
+    step = next((f for f in node.args if isinstance(f, sympy.Heaviside) and f.args[1] == sympy.S.Half), None)
+    if step is None:
+        return None
+    rest = sympy.Mul(*(f for f in node.args if f is not step))
+    if not _can_overflow(rest):
+        return None
+    # One condition: the step stays inside, where it is 1, or 1/2 at 0, written as it prints
+    # (0.5*(sign(u) + 1)) so that this rule does not take it again.
+    u = step.args[0]
+    return sympy.Piecewise((rest * (sympy.sign(u) + 1) / 2, u >= 0), (0, True))
+
+
 def _rule_xlogy(node: sympy.Expr):
     """``u*log(b)**k`` -> ``xlogy(...xlogy(u, b)..., b)`` (k times, k a positive integer): 0
     where u is 0, as the mathematics is wherever u vanishes faster than the log grows. A
@@ -1146,6 +1209,7 @@ _RULES = (
     _rule_minus_one,
     _rule_log,
     _rule_normal_tail,
+    _rule_log_product,
     _rule_add,
     _rule_large_part,
     _rule_factor_exp_sum,
@@ -1156,6 +1220,7 @@ _RULES = (
     _rule_hypot,
     _rule_hypot_excess,
     _rule_norm_ratio,
+    _rule_heaviside_mask,
     _rule_root_excess,
     _rule_xlogy,
     _rule_xlogy_absorbs,

@@ -156,6 +156,22 @@ CASES = [
         kernel=F.elu,
         where=lambda x: x != 0,
     ),
+    # Logarithms of densities, written as the log of the density: -inf from |x| = 14 and 88
+    # in float32 where the product underflows (stable._rule_log_product; an accuracy hunt)
+    Case("gauss_log_density", "log(exp(-x**2/2)/sqrt(2*pi))", lambda x: -(x**2) / 2 - mpmath.log(2 * mpmath.pi) / 2),
+    Case(
+        "logistic_log_density",
+        "log(sigmoid(x)*(1 - sigmoid(x)))",
+        lambda x: -abs(x) - 2 * mpmath.log1p(mpmath.exp(-abs(x))),
+    ),
+    # (written with Max and Min: its gradient was 0*inf = nan from x = 89 in float32, as
+    # autograd's is; stable._rule_heaviside_mask, found by an accuracy hunt)
+    Case(
+        "elu_max_min",
+        "Max(x, 0) + Min(0, exp(x) - 1)",
+        lambda x: x if x > 0 else mpmath.expm1(x),
+        where=lambda x: x != 0,
+    ),
     Case(
         "softmax3",
         "exp(a)/(exp(a)+exp(b)+1)",
@@ -632,6 +648,13 @@ def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, sa
 
 X, Y = sympy.symbols("x y", real=True)
 EQUALITY_EXPRS = [
+    # logarithms of products with exp, sigmoid and cosh factors (stable._rule_log_product)
+    sympy.log(sympy.exp(-(X**2) / 2) / sympy.sqrt(2 * sympy.pi)),
+    sympy.log(X**2 * sympy.exp(-Y) * sf.sigmoid(X) ** 3 / 7),
+    sympy.log(-X * sympy.cosh(Y) ** 2),
+    # a step times what may overflow (stable._rule_heaviside_mask)
+    sympy.diff(sympy.Max(X, 0) + sympy.Min(0, Y * (sympy.exp(X) - 1)), X),
+    sympy.Heaviside(X - Y) * sympy.exp(X) / Y,
     # powers of a norm over homogeneous polynomials of its components (stable._rule_norm_ratio)
     sympy.diff(sympy.sqrt(X**2 + Y**2), X, 2),
     sympy.diff(sympy.sqrt(X**2 + Y**2), X, Y),
@@ -1621,6 +1644,34 @@ def test_second_derivative_probe_rejects_forms_that_fail_in_float_arithmetic():
     assert finite_where_the_math_is(branches, branches)
     cancelling = branches.xreplace({sympy.Integer(1): sympy.cosh(y) ** 2 - sympy.sinh(y) ** 2})
     assert not finite_where_the_math_is(cancelling, branches)
+
+
+def test_the_log_of_a_product_splits_off_exp_sigmoid_and_cosh():
+    """stable._rule_log_product: only positive factors are split off (so the sum is real
+    where the log is), numbers into one logarithm, and nothing where no exp, sigmoid or
+    cosh is a factor."""
+    x = X
+    assert stabilize(sympy.log(sympy.exp(-(x**2) / 2) / sympy.sqrt(2 * sympy.pi))) == -(x**2) / 2 + sympy.log(
+        1 / sympy.sqrt(2 * sympy.pi)
+    )
+    assert sympy.expand(stabilize(sympy.log(sf.sigmoid(x) * (1 - sf.sigmoid(x))))) == -sf.softplus(x) - sf.softplus(-x)
+    assert stabilize(sympy.log(-2 * x * sympy.exp(x))) == x + sympy.log(-2 * x)
+    assert stabilize(sympy.log(sf.sigmoid(x) ** 2 * Y)) == -2 * sf.softplus(-x) + sympy.log(Y)
+    for kept in (sympy.log(3 * x), sympy.log(x * Y), sympy.log(x**2 * sympy.sin(Y))):
+        assert stabilize(kept) == kept
+
+
+def test_a_step_times_what_may_overflow_becomes_a_piecewise():
+    """stable._rule_heaviside_mask: Heaviside(u)*f, printed 0.5*(sign(u) + 1)*f, is 0*inf =
+    nan where u < 0 and f overflows; a Piecewise cuts that branch off. Left alone where f
+    cannot overflow, and for a step whose value at 0 is not SymPy's 1/2."""
+    x = sympy.Symbol("x", real=True)
+    step = sympy.Heaviside(-expm1(x))
+    assert stabilize(sympy.exp(x) * step) == stabilize(
+        sympy.Piecewise(((1 - sympy.sign(expm1(x))) * sympy.exp(x) / 2, expm1(x) <= 0), (0, True))
+    )
+    assert stabilize(x * sympy.Heaviside(x)) == x * sympy.Heaviside(x)
+    assert stabilize(sympy.exp(x) * sympy.Heaviside(x, 1)) == sympy.exp(x) * sympy.Heaviside(x, 1)
 
 
 def test_sinh_over_cosh_powers_become_tanh():
