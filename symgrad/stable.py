@@ -97,7 +97,6 @@ def stabilize(expr: sympy.Expr) -> sympy.Expr:
         if sympy.count_ops(factored) < sympy.count_ops(expr):
             expr = factored
     expr = _normal_tail_products(expr)
-    expr = _root_differences(expr)
     expr = _removable_singularities(expr)
     expr = _guard_piecewise(expr)
     return expr
@@ -578,91 +577,6 @@ def _normal_tail_products(expr: sympy.Expr) -> sympy.Expr:
         return made[node]
 
     return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
-
-
-def _root_differences(expr: sympy.Expr) -> sympy.Expr:
-    """``k*sqrt(A) - k*u`` whose ``A - u**2`` is smaller than ``A`` (_root_difference), after
-    the bottom-up rules, and once: so that ``log(sqrt(u**2 + 1) - u)`` has become ``-asinh(u)``
-    first, and the Piecewise made here is not rewritten again."""
-    made: dict[sympy.Expr, sympy.Expr | None] = {}
-
-    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
-        if node not in made:
-            made[node] = _root_difference(node)
-        return made[node]
-
-    return expr.replace(lambda node: isinstance(node, sympy.Add) and rewritten(node) is not None, rewritten)
-
-
-def _root_square(root: sympy.Expr) -> sympy.Expr | None:
-    """A for a root sqrt(A), a**2 + b**2 for hypot(a, b), else None."""
-    if root.is_Pow and root.exp == sympy.S.Half:
-        return root.base
-    if isinstance(root, hypot):
-        return root.args[0] ** 2 + root.args[1] ** 2
-    return None
-
-
-def _without_cancellation(root: sympy.Expr, u: sympy.Expr) -> sympy.Expr | None:
-    """``root - u`` as ``Piecewise((D/(root + |u|), u > 0), (root + |u|, True))``, with
-    ``D = root**2 - u**2`` smaller than ``root**2``; None where it is not (or u is a number,
-    or never positive: those cancel nowhere or are _rule_root_excess's; or provably
-    positive, below). For hypot(a, u),
-    ``hypot_excess(a, u)``, which cannot overflow where a**2 would. (|u| keeps the sum from
-    being taken for a difference again, and costs nothing.)"""
-    square = _root_square(root)
-    if square is None or u.is_number or u.is_nonpositive or u.is_positive:
-        # (A u positive in exact arithmetic, 1/cosh(z), would fold the condition to True, and
-        # can round to 0: then hypot_excess(0, u) is 0/0 where the difference is 0. Found in
-        # review of _rule_hypot_excess.)
-        return None
-    difference = _expand(square - u**2)
-    if difference == 0 or _size(difference) >= _size(square):
-        return None
-    # (u = sqrt(v): compared as v, which SymPy can order where sqrt(v) is not real)
-    radicand = u.base if u.is_Pow and u.exp == sympy.S.Half else None
-    total = root + (u if radicand is not None else sympy.Abs(u))
-    signed = [a for a in root.args if a in (u, -u)] if isinstance(root, hypot) else []
-    if signed:  # (hypot is even in each argument)
-        small = hypot_excess(root.args[1] if root.args[0] == signed[0] else root.args[0], u)
-    else:
-        small = difference / total
-    return sympy.Piecewise((small, (radicand if radicand is not None else u) > 0), (total, True))
-
-
-def _root_difference(node: sympy.Add) -> sympy.Expr | None:
-    """``k*(root - u)`` and ``k*(u/root -+ 1)`` (root a sqrt or hypot) through
-    _without_cancellation: as written they cancel where u is large and positive.
-    Squareplus, ``(x + sqrt(x**2 + b))/2``, was 0 in float32 from x = -1e4 (truth 1e-4;
-    found by an accuracy hunt), ``sqrt(x**2 + 1) - x`` from x = 4096, and their gradients,
-    ``x/sqrt(x**2 + b) + 1`` and the like, likewise."""
-    terms = list(node.args)
-    for term in terms:
-        k, root = term.as_coeff_Mul()
-        over = None
-        if _root_square(root) is None:
-            # k*u/root: a factor root**-1 (sqrt(A)**-1 is A**(-1/2))
-            factors = sympy.Mul.make_args(root)
-            inverse = next((f for f in factors if f.is_Pow and f.exp in (-1, -sympy.S.Half)), None)
-            if inverse is None:
-                continue
-            over = sympy.sqrt(inverse.base) if inverse.exp == -sympy.S.Half else inverse.base
-            if _root_square(over) is None:
-                continue
-            u = sympy.Mul(*(f for f in factors if f is not inverse))
-            # k*u/root - k = -k*(root - u)/root; k*u/root + k = k*(root - (-u))/root
-            for sign in (-1, 1):
-                form = _without_cancellation(over, -sign * u) if sign * k in terms else None
-                if form is not None:
-                    rest = [t for t in terms if t is not term and t != sign * k]
-                    return sympy.Add(*rest, sign * k * form / over)
-            continue
-        for other in terms:
-            form = _without_cancellation(root, -other / k) if other is not term else None
-            if form is not None:
-                rest = [t for t in terms if t is not term and t is not other]
-                return sympy.Add(*rest, k * form)
-    return None
 
 
 def _tail_mul(node: sympy.Mul) -> sympy.Expr | None:

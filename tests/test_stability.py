@@ -164,9 +164,6 @@ CASES = [
         "log(sigmoid(x)*(1 - sigmoid(x)))",
         lambda x: -abs(x) - 2 * mpmath.log1p(mpmath.exp(-abs(x))),
     ),
-    # (x + sqrt(x**2 + 4))/2 was 0 in float32 from x = -1e4 (stable._root_difference; an
-    # accuracy hunt)
-    Case("squareplus", "(x + sqrt(x**2 + 4))/2", lambda x: (x + mpmath.sqrt(x**2 + 4)) / 2),
     # (written with Max and Min: its gradient was 0*inf = nan from x = 89 in float32, as
     # autograd's is; stable._rule_heaviside_mask, found by an accuracy hunt)
     Case(
@@ -651,12 +648,6 @@ def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, sa
 
 X, Y = sympy.symbols("x y", real=True)
 EQUALITY_EXPRS = [
-    # a root minus what it nearly equals (stable._root_difference)
-    (X + sympy.sqrt(X**2 + Y**2)) / 2,
-    sympy.sqrt(X**2 + 1) - X,
-    sympy.diff(sympy.sqrt(X**2 + Y**2) - Y, Y),
-    X / sympy.sqrt(X**2 + 3) + 1,
-    sympy.sqrt(X + 1) - sympy.sqrt(X),
     # a power of x times one of |x| (stable._rule_sign_abs_power)
     Y * X * sympy.Abs(X) ** (Y - 2),
     X**2 * sympy.Abs(X) ** (Y - 2) + X**3 * sympy.Abs(X) ** sympy.Rational(-5, 2),
@@ -1351,9 +1342,7 @@ def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir, device)
     assert stabilize(1 - root) == -sf.hypot_excess(x, 1)
     assert stabilize(3 * sympy.sqrt(x**2 + 4) - 6 + x) == x + 3 * sf.hypot_excess(x, 2)
     assert stabilize(z**2 * (sympy.sqrt(x**2 / z**2 + 1) - 1)) == z**2 * sf.hypot_excess(x / z, 1)
-    # z's sign is unknown: hypot_excess only where z > 0 (stable._root_difference)
-    split = stabilize(sympy.sqrt(x**2 + z**2) - z)
-    assert isinstance(split, sympy.Piecewise) and split.args[0].cond == (z > 0)
+    assert stabilize(sympy.sqrt(x**2 + z**2) - z) == sf.hypot(x, z) - z  # z's sign is unknown
     assert stabilize(root - 2) == sf.hypot(x, 1) - 2  # no cancellation at 0 to remove
     assert stabilize((x**2 + 1) ** sympy.Float(0.5) - 1) == sf.hypot_excess(x, 1)  # (found in review)
     # Only a number b: 1/cosh(z) is positive but rounds to 0 at z = 100, and a = 0 would
@@ -1695,20 +1684,6 @@ def test_abs_to_a_param_power_has_exact_first_and_second_derivatives(power, dtyp
             if torch.finfo(dtype).tiny <= abs(want) <= torch.finfo(dtype).max and rel_error(got, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
                 bad.append((point, got, float(want)))
     assert not bad, bad
-
-
-def test_a_root_minus_what_it_nearly_equals_is_split_at_its_sign():
-    """stable._root_difference: sqrt(A) - u with A - u**2 smaller than A is (A - u**2)/(sqrt(A)
-    + |u|) where u > 0 (hypot_excess for a hypot) and sqrt(A) + |u| elsewhere; a root plus a
-    non-negative term, or minus a number (_rule_root_excess's), is left alone."""
-    x = X
-    form = stabilize(sympy.sqrt(x**2 + 1) - x)
-    assert isinstance(form, sympy.Piecewise) and form.args[0].cond == (x > 0)
-    assert form.args[0].expr.func == sf.hypot_excess
-    assert stabilize(sympy.log(sympy.sqrt(x**2 + 1) - x)) == -sympy.asinh(x)  # (first)
-    assert stabilize(sympy.sqrt(x**2 + 1) + sympy.Abs(x)) == sf.hypot(x, 1) + sympy.Abs(x)
-    assert stabilize(sympy.sqrt(x**2 + 1) - 1) == sf.hypot_excess(x, 1)
-    assert stabilize(sympy.sqrt(x**2 + Y) - x * Y) == sympy.sqrt(x**2 + Y) - x * Y  # not smaller
 
 
 def test_a_step_times_what_may_overflow_becomes_a_piecewise():
