@@ -951,7 +951,9 @@ def _homogeneous_degree(factor: sympy.Expr, names: set[sympy.Dummy]) -> int:
     if len(terms) > _NORM_MAX_TERMS:
         return 0
     degrees = {_monomial_degree(t, names) for t in terms}
-    return degrees.pop() or 0 if len(degrees) == 1 and None not in degrees else 0
+    if len(degrees) != 1 or None in degrees:
+        return 0  # (not a polynomial in names, or not homogeneous)
+    return degrees.pop()
 
 
 def _rule_norm_ratio(node: sympy.Expr):
