@@ -19,7 +19,7 @@ from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .probe import FLOAT64_MAX, PROBE_FAILURES, moderate, probe_code, real_only, wrap_probe_calls
 from .stable import real_abs_powers, stabilize
-from .stable_functions import TaylorPolynomial, expand_functions, sigmoid, softplus, to_elementary
+from .stable_functions import TaylorPolynomial, expand_functions, hypot_plus, sigmoid, softplus, to_elementary
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
 # ones it can run for minutes (facts.md), and it rarely pays anyway.
@@ -285,6 +285,12 @@ def autograd_loses_second_derivatives(
     fixed = fixed or {}
     if _beyond_second_derivative_bounds(raw) or len((formula.free_symbols | raw.free_symbols) - set(fixed)) > 3:
         return False  # (four symbols: finite_where_the_math_is does not probe them)
+    if formula.has(hypot_plus):
+        # autograd's product rule on a quotient of it cancels between points the probe
+        # samples: the y-gradient of sqrt(x**2 + y**2) - y, -hypot_plus(-y, x)/h, has x-
+        # derivative -(b/h)/h + r*b/h**3, 0 at (0.5, -1e-8) in float32 where it is 4e-8,
+        # while its symbolic form, b*u/h**3 (stable._hypot_sum), is exact.
+        return True
     # (fixed first: a param is never differentiated, and as a number it folds)
     printed = _as_autograd_differentiates(formula.xreplace(fixed))
     for symbol in symbols:
@@ -930,9 +936,13 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     derivatives: list[list[tuple[int, int]]] = []
     identities = set(derivation.identities)
     second, returned = [], []
+    recomputed: list[tuple[int, int, sympy.Expr]] = []  # gradients backward computes again
     for i, row in enumerate(derivation.gradients):
         for j, gradient in enumerate(row):
-            if derivation.nondifferentiable[i] or op_count(gradient) < SPEED_MIN_OPS:
+            if derivation.nondifferentiable[i]:
+                continue
+            if op_count(gradient) < SPEED_MIN_OPS:
+                recomputed.append((i, j, gradient))
                 continue
             if not numbers_to_floats(gradient).free_symbols:
                 # Constant, perhaps only once printed with float constants (erf(30)**y is
@@ -947,6 +957,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 continue
             if not _shares_work(forward, gradient, fused=parsed.spec.fuse):
                 if not parsed.spec.fuse:
+                    recomputed.append((i, j, gradient))
                     continue
                 split = _sigmoids_split(forward, gradient)
                 if split == forward or not _shares_work(split, gradient, fused=True):
@@ -979,6 +990,26 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
             derivatives.append([(i, j)])
     if not derivatives:
         return derivation
+    # Once forward returns a derivative, backward has no create_graph branch (double backward
+    # differentiates the returned ones symbolically): a gradient it computes again is
+    # differentiated by autograd, so one whose autograd derivative would be wrong is returned
+    # too. (The x-gradient x/h of sqrt(x**2 + y**2) - y, next to its returned y-gradient:
+    # autograd's 1/h - x**2/h**3 was 0 in float32 at (1e4, 0.5), where it is 2.5e-13.)
+    for i, j, gradient in recomputed:
+        raw = derivation.raw_gradients[i][j]
+        if gradient in returned or not autograd_loses_second_derivatives(gradient, raw, parsed.inputs):
+            continue
+        row_identities = set()
+        try:
+            row = _second_derivatives(raw, gradient, parsed.inputs, parsed.spec.fuse, row_identities)
+        except SymgradError:
+            continue
+        if any(g.has(sympy.AccumBounds) for g in row) or all(g == 0 for g in row):
+            continue
+        identities |= row_identities
+        second.append(row)
+        returned.append(gradient)
+        derivatives.append([(i, j)])
     extra_outputs = tuple(Output(gradient) for gradient in returned)
     return Derivation(
         parsed=Parsed(**{**parsed.__dict__, "outputs": parsed.outputs + extra_outputs}),

@@ -152,13 +152,32 @@ def make_plan(derivation: Derivation) -> Plan:
             raise SymgradError("--save speed and --inplace cannot be combined: an in-place Function has one output")
         derivation = with_derivatives_as_outputs(derivation)
     names = _assign_names(derivation, alias)
-    rows = _choose_saved_forms(derivation, names)
-    n_user = len(parsed.outputs)
+    builder = _Builder(derivation, names, _rows(derivation, names), alias)
+    plan = builder.build()
+    if builder.second_derivative_needs_inputs:
+        # Double backward needs the inputs that a gradient written with the output does not
+        # save: where the inputs cost no more tensors, backward takes them instead, and
+        # first-order backward recomputes what it had read from the output.
+        names = _assign_names(derivation, alias)
+        rows = _rows(derivation, names, avoid_results=True)
+        if rows is not None:
+            plan = _Builder(derivation, names, rows, alias).build()
+    return plan
+
+
+def _rows(derivation: Derivation, names: _Names, avoid_results: bool = False) -> tuple[tuple[sympy.Expr, ...], ...] | None:
+    """The gradient rows backward prints (_choose_saved_forms), with the derivatives forward
+    returned in place of theirs; None where ``avoid_results`` and every choice that saves no
+    output saves more tensors."""
+    rows = _choose_saved_forms(derivation, names, avoid_results)
+    if rows is None:
+        return None
+    n_user = len(derivation.parsed.outputs) - len(derivation.derivatives)
     for k, entries in enumerate(derivation.derivatives):
         for i, j in entries:
             # Backward multiplies by the derivative forward returned, instead of recomputing it.
             rows[i] = rows[i][:j] + (names.results[n_user + k],) + rows[i][j + 1 :]
-    return _Builder(derivation, names, tuple(rows), alias).build()
+    return tuple(rows)
 
 
 def _assign_names(derivation: Derivation, alias: str) -> _Names:
@@ -239,12 +258,15 @@ def _fused_names(alias: str) -> dict[str, str]:
     }
 
 
-def _choose_saved_forms(derivation: Derivation, names: _Names) -> list[tuple[sympy.Expr, ...]]:
+def _choose_saved_forms(
+    derivation: Derivation, names: _Names, avoid_results: bool = False
+) -> list[tuple[sympy.Expr, ...]] | None:
     """Per output, the gradient row to print: in terms of inputs, or of the output.
 
     Like PyTorch's ``exp: grad * result``, a row may be rewritten in terms of its own
     output when that is exact (a structural substitution) and cheaper. The choice that
-    saves the fewest tensors, then costs the fewest operations, wins.
+    saves the fewest tensors, then costs the fewest operations, wins. With
+    ``avoid_results``, the cheapest that saves no output and no more tensors, or None.
     """
     parsed = derivation.parsed
     options = []
@@ -265,7 +287,13 @@ def _choose_saved_forms(derivation: Derivation, names: _Names) -> list[tuple[sym
         used = set().union(*(g.free_symbols for row in rows for g in row)) & tensors
         return len(used & overwritten), len(used), sum(op_count(g) for row in rows for g in row)
 
-    return list(min(itertools.product(*options), key=cost))
+    best = min(itertools.product(*options), key=cost)
+    if not avoid_results:
+        return list(best)
+    without = [rows for rows in itertools.product(*options) if not any(g.has(*names.results) for row in rows for g in row)]
+    if not without or cost(min(without, key=cost))[:2] > cost(best)[:2] or min(without, key=cost) == best:
+        return None
+    return list(min(without, key=cost))
 
 
 class _Builder:
@@ -303,6 +331,9 @@ class _Builder:
         self.second: SecondDerivative | None = None
         self.second_symbols: dict[tuple[int, int], sympy.Dummy] = {}  # its derivatives, by entry
         self.second_identities: set[str] = set()
+        # Set where double backward needs its own Function but backward saved the output in
+        # place of an input the Function takes (make_plan then tries the inputs).
+        self.second_derivative_needs_inputs = False
 
     def ctx_ref(self, attribute: str) -> str:
         """``ctx.<attribute>`` in a method; a parameter of the same meaning in a pure function."""
@@ -770,6 +801,7 @@ class _Builder:
             used = set().union(*(gradients[k].free_symbols | raws[k].free_symbols for k in varying))
             symbols = tuple(s for s in self.inputs if s in used)
             if not set(symbols) <= set(self.saved()) or not used & set(self.params) <= set(self.saved_params()):
+                self.second_derivative_needs_inputs = True
                 return None  # backward has not got them (it saved the output instead)
             identities: set[str] = set()
             # (Params are probed as the inputs are, but not differentiated by.)

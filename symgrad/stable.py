@@ -46,7 +46,11 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    - ``atanh(tanh(u))`` and ``asinh(sinh(u))`` -> ``u`` (real ``u``): evaluated as written,
      tanh rounds to 1 and sinh overflows (atanh(tanh(-16.72)) is -16.7205 in float64).
 
-   Then, for a sum, ``factor_terms`` is tried and kept if it costs fewer operations.
+   Then, for a sum, ``factor_terms`` is tried and kept if it costs fewer operations; and
+   (after the normal tails) a root plus what it nearly cancels, ``hypot(u, b) + u`` for
+   ``u`` of either sign (squareplus, ``sqrt(x**2 + 1) - x``, ``x/hypot(x, b) + 1``), ->
+   ``hypot_plus(u, b)``, ``b*(b/(hypot(u, b) + |u|)) + u*(1 + sign(u))``, and
+   ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
    ``log1p(x)/x`` and their derivatives): a :func:`~symgrad.stable_functions.removable`
    function, printed as a Taylor polynomial near 0 and the closed form at a guarded
@@ -70,6 +74,7 @@ from .stable_functions import (
     guard,
     hypot,
     hypot_excess,
+    hypot_plus,
     log1mexp,
     log_ndtr,
     logaddexp,
@@ -86,6 +91,7 @@ _MAX_PASSES = 12
 _MAX_EXPAND_OPS = 80  # numerators bigger than this are not distributed over a ratio
 _FACTOR_MAX_TERMS = 6  # sums of exponentials with more terms are not factored ...
 _FACTOR_MAX_DEGREE = 6  # ... nor those of exp(k*u) with k's numerator or denominator above this
+_HYPOT_SUM_MAX_TERMS = 24  # sums with more terms are not searched for hypot(u, b) +- u pairs
 
 
 def stabilize(expr: sympy.Expr) -> sympy.Expr:
@@ -97,6 +103,11 @@ def stabilize(expr: sympy.Expr) -> sympy.Expr:
         if sympy.count_ops(factored) < sympy.count_ops(expr):
             expr = factored
     expr = _normal_tail_products(expr)
+    summed = _hypot_sums(expr)
+    if summed != expr:
+        # (the rules again, once: hypot_plus(u, b) - hypot(u, b) leaves u*b/h**3, whose
+        # power of the norm _rule_norm_ratio shares out)
+        expr = rewriter.rewrite(summed)
     expr = _removable_singularities(expr)
     expr = _guard_piecewise(expr)
     return expr
@@ -577,6 +588,70 @@ def _normal_tail_products(expr: sympy.Expr) -> sympy.Expr:
         return made[node]
 
     return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
+
+
+def _hypot_sums(expr: sympy.Expr) -> sympy.Expr:
+    """Each sum's ``q*hypot(u, b)/H + q*s*u/H`` pairs (s = +-1, H that hypot) as
+    ``q*hypot_plus(s*u, b)/H`` (:func:`_hypot_sum`).
+
+    After the bottom-up rules: ``log(x + sqrt(x**2 + 1))`` has become ``asinh(x)`` and
+    ``hypot(x, 1) - 1`` ``hypot_excess(x, 1)`` by then, which are cheaper.
+    """
+    made: dict[sympy.Expr, sympy.Expr | None] = {}
+
+    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
+        if node not in made:
+            made[node] = _hypot_sum(node)
+        return made[node]
+
+    return expr.replace(lambda node: isinstance(node, sympy.Add) and rewritten(node) is not None, rewritten)
+
+
+def _hypot_sum(node: sympy.Add) -> sympy.Expr | None:
+    """``p + q`` with ``p/q = s*u/hypot(u, b)`` -> ``q*hypot_plus(s*u, b)/hypot(u, b)``,
+    and ``k*hypot_plus(u, b) - k*hypot(u, b)`` -> ``k*u``, repeated while a pair is left;
+    None where there is none.
+
+    ``hypot(u, b) + s*u`` cancels where ``s*u`` is negative and large next to ``b``:
+    squareplus ``(x + sqrt(x**2 + 4))/2`` was 0 in float32 from x = -1e4 (truth 1e-4), and
+    its gradient ``x/(2*hypot(x, 2)) + 1/2`` likewise; ``sqrt(x**2 + 1) - x`` from 4096 (found
+    by an accuracy hunt). So would the derivatives of ``r = hypot_plus(u, b)``: ``r/h**2 -
+    u*r/h**3`` where ``u`` is large and positive, and ``-b/h**2 + r*b/h**3`` where ``u`` is
+    small. Not where ``s*u`` is nonnegative, which cannot cancel, nor for a number ``u``
+    (_rule_hypot_excess).
+    """
+    rewritten = None
+    while node.is_Add:
+        pair = _hypot_pair(node.args)
+        if pair is None:
+            break
+        p, q, replacement = pair
+        node = rewritten = sympy.Add(*(t for t in node.args if t is not p and t is not q), replacement)
+    return rewritten
+
+
+def _hypot_pair(terms: tuple[sympy.Expr, ...]):
+    """The first ``(p, q, p + q rewritten)`` of _hypot_sum's pairs among ``terms``, or None."""
+    if len(terms) > _HYPOT_SUM_MAX_TERMS:
+        return None
+    factors = {f.base if f.is_Pow else f for t in terms for f in sympy.Mul.make_args(t)}
+    for plus in sorted((f for f in factors if isinstance(f, hypot_plus)), key=sympy.default_sort_key):
+        root = hypot_plus.root(*plus.args)
+        for p in terms:
+            q = -p / plus * root
+            if q in terms and q is not p:
+                return p, q, p / plus * plus.args[0]
+    for root in sorted((f for f in factors if isinstance(f, hypot)), key=sympy.default_sort_key):
+        for u, b in (root.args, root.args[::-1]):
+            if u.is_number:
+                continue
+            for p in terms:
+                # p/q = s*u/root, so q = s*p*root/u
+                for s in (1, -1):
+                    q = s * p * root / u
+                    if q in terms and q is not p and not (s * u).is_nonnegative:
+                        return p, q, q * hypot_plus(s * u, b) / root
+    return None
 
 
 def _tail_mul(node: sympy.Mul) -> sympy.Expr | None:

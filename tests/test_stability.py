@@ -188,6 +188,21 @@ CASES = [
     # with delta = 2. (The gradient by delta itself, were it an input, cancels near x = 0:
     # 2*d*(hypot(x/d, 1) - 1) - x**2/(d*hypot(x/d, 1)) is d*(hypot(x/d, 1) - 1)**2/hypot(x/d, 1).)
     Case("pseudo_huber_scaled", "4*(sqrt(1+(x/2)**2)-1)", lambda x: 4 * (mpmath.sqrt(1 + (x / 2) ** 2) - 1)),
+    # A root plus what it nearly cancels (stable._hypot_sum, stable_functions.hypot_plus):
+    # squareplus was 0 in float32 from x = -1e4 (truth 1e-4), sqrt(x**2 + 1) - x from 4096,
+    # and their gradients likewise; found by an accuracy hunt.
+    Case("squareplus", "(x + sqrt(x**2 + 4))/2", lambda x: (x + mpmath.sqrt(x**2 + 4)) / 2),
+    Case("root_minus_x", "sqrt(x**2 + 1) - x", lambda x: mpmath.sqrt(x**2 + 1) - x),
+    Case(
+        "hypot_minus_y",
+        "sqrt(x**2 + y**2) - y",
+        lambda x, y: mpmath.sqrt(x**2 + y**2) - y,
+        inputs=("x", "y"),
+        where=lambda x, y: x != 0 or y != 0,
+    ),
+    # (autograd's mixed second derivative of an earlier, Piecewise form was 0 at x = 0, where
+    # it is -1: found in review)
+    Case("root_minus_x_times_y", "y*(sqrt(x**2 + 1) - x)", lambda x, y: y * (mpmath.sqrt(x**2 + 1) - x), inputs=("x", "y")),
     # Found by an accuracy hunt: cosh overflows (inf from |x| = 89 in float32), and log(1 + ...)
     # loses the small part near 0; stable._log_cosh.
     Case("logcosh", "log(cosh(x))", lambda x: mpmath.log(mpmath.cosh(x))),
@@ -648,6 +663,13 @@ def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, sa
 
 X, Y = sympy.symbols("x y", real=True)
 EQUALITY_EXPRS = [
+    # a root plus what it nearly cancels (stable._hypot_sum)
+    (X + sympy.sqrt(X**2 + 4)) / 2,
+    Y * (sympy.sqrt(X**2 + 1) - X),
+    sympy.sqrt(X**2 + Y**2) - Y,
+    X / sympy.sqrt(X**2 + Y**2) - 1,
+    sympy.diff(sympy.sqrt(X**2 + 4) + X, X, 2),
+    sympy.diff(sf.hypot_plus(X, 2), X, 2),
     # a power of x times one of |x| (stable._rule_sign_abs_power)
     Y * X * sympy.Abs(X) ** (Y - 2),
     X**2 * sympy.Abs(X) ** (Y - 2) + X**3 * sympy.Abs(X) ** sympy.Rational(-5, 2),
@@ -1068,6 +1090,8 @@ FUNCTION_CASES = [
     (sf.logaddexp(X, Y), [X, Y]),
     (sf.hypot(X, Y), [X, Y]),
     (sf.hypot_excess(X, Y), [X, Y]),
+    (sf.hypot_plus(X, Y), [X, Y]),
+    (sf.hypot_plus(-X, Y), [X, Y]),  # (the quotient's side)
     (sf.norm_ratio(X, sf.hypot(X, Y)), [X, Y]),
     (sf.norm_ratio(Y, sf.hypot(X, Y)) ** 2 / sf.hypot(X, Y), [X, Y]),
     (sf.xlogy(X, Y), [X, Y]),
@@ -1342,7 +1366,8 @@ def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir, device)
     assert stabilize(1 - root) == -sf.hypot_excess(x, 1)
     assert stabilize(3 * sympy.sqrt(x**2 + 4) - 6 + x) == x + 3 * sf.hypot_excess(x, 2)
     assert stabilize(z**2 * (sympy.sqrt(x**2 / z**2 + 1) - 1)) == z**2 * sf.hypot_excess(x / z, 1)
-    assert stabilize(sympy.sqrt(x**2 + z**2) - z) == sf.hypot(x, z) - z  # z's sign is unknown
+    # z's sign is unknown: hypot_plus (stable._hypot_sum) takes it, not hypot_excess
+    assert stabilize(sympy.sqrt(x**2 + z**2) - z) == sf.hypot_plus(-z, x)
     assert stabilize(root - 2) == sf.hypot(x, 1) - 2  # no cancellation at 0 to remove
     assert stabilize((x**2 + 1) ** sympy.Float(0.5) - 1) == sf.hypot_excess(x, 1)  # (found in review)
     # Only a number b: 1/cosh(z) is positive but rounds to 0 at z = 100, and a = 0 would
@@ -2045,7 +2070,7 @@ def test_second_derivative_function_with_broadcast_and_piecewise_constant_inputs
 # Two-input cases whose double backward was inexact (a survey: logaddexp's was 0 at
 # (-100, -20) in float32, truth -1.8e-35; hypot's 0.7% off at (-100, -0.3)), checked over
 # PAIRS. (softmax3's is not: no symbolic form passes the probe there, README.)
-_TWO_INPUT_SECOND_DERIVATIVE_CASES = ["logaddexp", "hypot", "xlogy", "logaddexp_minus_a", "logsumexp_with_one", "vae_kl", "bce_logits"]
+_TWO_INPUT_SECOND_DERIVATIVE_CASES = ["logaddexp", "hypot", "hypot_minus_y", "root_minus_x_times_y", "xlogy", "logaddexp_minus_a", "logsumexp_with_one", "vae_kl", "bce_logits"]
 
 
 @pytest.mark.parametrize("save", ["memory", "speed"])
@@ -2075,6 +2100,67 @@ def test_two_input_second_derivatives_match_exact_math(name, dtype, save, gen_di
                     if abs(want) <= torch.finfo(dtype).max and rel_error(got, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
                         bad.append((point, (i, j), got, float(want)))
     assert not bad, f"{name} ({save}, {dtype}): off at {bad} ({len(bad)} entries)"
+
+
+def test_a_root_plus_what_it_nearly_cancels_becomes_hypot_plus():
+    """stable._hypot_sum: q*hypot(u, b)/H + q*s*u/H -> q*hypot_plus(s*u, b)/H, only where
+    s*u can be negative, and after the rules that make asinh and hypot_excess."""
+    x = sympy.Symbol("x", real=True)
+    root = sf.hypot(x, 2)
+    assert stabilize((x + sympy.sqrt(x**2 + 4)) / 2) == sf.hypot_plus(x, 2) / 2
+    assert stabilize(sympy.sqrt(x**2 + 1) - x) == sf.hypot_plus(-x, 1)
+    assert stabilize(x / sympy.sqrt(x**2 + 4) + 1) == sf.hypot_plus(x, 2) / root
+    assert stabilize(sympy.sqrt(X**2 + Y**2) - Y) == sf.hypot_plus(-Y, X)
+    # its own second derivative, r/h**2 - x*r/h**3, whose 1 - x/h cancels for large x
+    second = stabilize(sympy.diff(sf.hypot_plus(x, 2), x, 2))
+    assert second.has(sf.hypot_plus(-x, 2)) and second.has(sf.hypot_plus(x, 2)), second
+    # a hypot_plus's gradient shares the forward's hypot: no minus sign inside it
+    assert sympy.diff(sf.hypot_plus(-x, 1), x).has(sf.hypot(x, 1))
+    # never cancels: left alone
+    assert stabilize(sympy.sqrt(x**2 + 1) + sympy.Abs(x)) == sf.hypot(x, 1) + sympy.Abs(x)
+    assert stabilize(sympy.sqrt(x**2 + 1) - 2 * x) == sf.hypot(x, 1) - 2 * x
+    # the cheaper forms the bottom-up rules make first
+    assert stabilize(sympy.sqrt(x**2 + 1) - 1) == sf.hypot_excess(x, 1)
+    assert stabilize(sympy.log(x + sympy.sqrt(x**2 + 1))) == sympy.asinh(x)
+
+
+def test_hypot_plus_is_exact_where_its_written_form_cancels(device):
+    """hypot_plus as printed: no term cancels, at every scale, in float32 and float64, and
+    autograd's derivative of it is 1 + u/hypot(u, b) at u = 0 too."""
+    u_values = [-1e30, -1e10, -1e4, -100.0, -1.0, -1e-8, 0.0, 1e-8, 1.0, 100.0, 1e4, 1e10, 1e30]
+    source = generate_source("sqrt(x**2 + 4) + x", "HypotPlusCheck")
+    assert "torch.where" not in source  # (no guards: each term is finite)
+    namespace: dict = {}
+    exec(compile(source, "<hypot_plus>", "exec"), namespace)
+    for dtype in (torch.float32, torch.float64):
+        u = torch.tensor(u_values, dtype=dtype, device=device, requires_grad=True)
+        value = namespace["hypot_plus_check"](u)
+        (slope,) = torch.autograd.grad(value.sum(), u)
+        for index, v in enumerate(u_values):
+            with mpmath.workdps(60):
+                want = mpmath.hypot(v, 2) + v if v >= 0 else 4 / (mpmath.hypot(v, 2) - v)
+                want_slope = want / mpmath.hypot(v, 2)
+            assert rel_error(value[index].item(), want, dtype) <= RTOL[dtype], (dtype, v, value[index].item())
+            assert rel_error(slope[index].item(), want_slope, dtype) <= RTOL[dtype], (dtype, v, slope[index].item())
+    # autograd through the printed forward itself (what double backward differentiates where
+    # no second-derivative Function is made): the slope at u = 0 is 1
+    u = torch.tensor([0.0, -3.0, 3.0], dtype=torch.float64, device=device, requires_grad=True)
+    (slope,) = torch.autograd.grad(namespace["_HypotPlusCheckNoJvp"].forward(u).sum(), u)
+    want = [1.0, 1 - 3 / math.sqrt(13), 1 + 3 / math.sqrt(13)]
+    assert torch.allclose(slope, torch.tensor(want, dtype=torch.float64, device=device), rtol=1e-14), slope
+
+
+@pytest.mark.parametrize("save", ["memory", "speed"])
+def test_fused_hypot_plus_matches_exact_math(save, gen_dir, device):
+    """Squareplus fused: inductor's compiled hypot_plus keeps its accuracy (each term of the
+    sum without cancellation), values, gradients and second derivatives."""
+    case = next(c for c in CASES if c.name == "squareplus")
+    module = load(case, gen_dir, save, fuse=True)
+    for dtype in (torch.float32, torch.float64):
+        _assert_matches_exact_math(case, module, dtype, device, " fused")
+        bad = _second_derivative_errors(case, module, dtype, device, exact_beyond=math.inf, points=SECOND_DERIVATIVE_POINTS)
+        assert not bad, f"squareplus fused ({save}, {dtype}): second derivative off at {bad}"
+    assert module._COMPILED, "the compiled bodies did not run"
 
 
 def test_norm_powers_become_ratios_of_the_norm():
