@@ -17,7 +17,8 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
      ``expm1_opt``: while the number term shrinks); ``c - c*cos(u)`` -> ``2c*sin(u/2)**2``.
    - ``log(c*exp(v)*(1+exp(w)))`` -> ``log(c) + v + softplus(w)``; ``log(exp(a)+exp(b))``
      -> ``logaddexp(a, b)`` (three or more: nested); ``log1p(exp(u))`` -> ``softplus(u)``;
-     ``log(sigmoid(u))`` -> ``-softplus(-u)``.
+     ``log(sigmoid(u))`` -> ``-softplus(-u)``; ``log(c*sinh(u))`` -> ``log(|c|) +
+     log_sinh(+-u)`` (sinh overflows).
    - sums: ``c - c*tanh(u)**2`` -> ``c/cosh(u)**2``; ``c + c*tanh(u)`` -> ``2c*sigmoid(2u)``;
      ``c + c*erf(u)`` -> ``2c*ndtr(sqrt(2)*u)`` (SymPy turns ``erfc(-u)`` back into
      ``2 - erfc(u)``, which cancels); ``c - c*sigmoid(u)`` -> ``c*sigmoid(-u)``;
@@ -77,6 +78,7 @@ from .stable_functions import (
     hypot_plus,
     log1mexp,
     log_ndtr,
+    log_sinh,
     logaddexp,
     ndtr,
     norm_ratio,
@@ -484,6 +486,10 @@ def _rule_log(node: sympy.Expr):
         # log(1 - exp(u)): as log(-expm1(u)) it is 0 in float32 from u = -17, where it is
         # about -exp(u) (found by an accuracy hunt)
         return sympy.log(-scale) + log1mexp(call.args[0])
+    if isinstance(call, sympy.sinh) and scale.is_nonzero and not call.args[0].has(sympy.Piecewise):
+        # log(sinh(u)), real for u > 0 (for -sinh(u), u < 0): sinh overflows from u = 89
+        # in float32, where the log is u - log(2) (stable_functions.log_sinh)
+        return sympy.log(abs(scale)) + log_sinh(call.args[0] if scale.is_positive else -call.args[0])
     hand_written_asinh = _asinh_argument(arg)
     if hand_written_asinh is not None:
         return hand_written_asinh

@@ -206,6 +206,9 @@ CASES = [
     # Found by an accuracy hunt: cosh overflows (inf from |x| = 89 in float32), and log(1 + ...)
     # loses the small part near 0; stable._log_cosh.
     Case("logcosh", "log(cosh(x))", lambda x: mpmath.log(mpmath.cosh(x))),
+    # sinh overflows from x = 89 in float32, and the log was inf there (the von Mises-Fisher
+    # log-normaliser log(k) - log(sinh(k)) -inf; an accuracy hunt): stable_functions.log_sinh.
+    Case("log_sinh", "log(sinh(x))", lambda x: mpmath.log(mpmath.sinh(x)), where=lambda x: x > 0),
     # Found by an accuracy hunt over hand-written formulas: asinh by its definition cancels for
     # x < 0 (-inf from x = -4096 in float32, 0 at -1e-30); stable._asinh_argument.
     Case("asinh_log", "log(x+sqrt(x**2+1))", mpmath.asinh, kernel=torch.asinh),
@@ -663,6 +666,10 @@ def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, sa
 
 X, Y = sympy.symbols("x y", real=True)
 EQUALITY_EXPRS = [
+    # the log of a sinh (stable._rule_log)
+    sympy.log(sympy.sinh(X)),
+    sympy.log(3 * sympy.sinh(X / 2)),
+    sympy.log(-sympy.sinh(X * Y)),
     # a root plus what it nearly cancels (stable._hypot_sum)
     (X + sympy.sqrt(X**2 + 4)) / 2,
     Y * (sympy.sqrt(X**2 + 1) - X),
@@ -1097,6 +1104,7 @@ FUNCTION_CASES = [
     (sf.xlogy(X, Y), [X, Y]),
     (sf.log1mexp(-X), [X]),  # (at x = 0.7, just below the switch at -log(2))
     (sf.log1mexp(-X / 2), [X]),  # (and above it)
+    (sf.log_sinh(X), [X]),
     (stabilize(sympy.sin(X) / X), [X]),
     (stabilize(sympy.expm1(X) / X) if hasattr(sympy, "expm1") else stabilize((sympy.exp(X) - 1) / X), [X]),
 ]
@@ -2100,6 +2108,17 @@ def test_two_input_second_derivatives_match_exact_math(name, dtype, save, gen_di
                     if abs(want) <= torch.finfo(dtype).max and rel_error(got, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
                         bad.append((point, (i, j), got, float(want)))
     assert not bad, f"{name} ({save}, {dtype}): off at {bad} ({len(bad)} entries)"
+
+
+def test_the_log_of_a_sinh_becomes_log_sinh():
+    """stable._rule_log: log(c*sinh(u)) -> log(|c|) + log_sinh(+-u), the sign making
+    c*sinh(u) positive; not of a Piecewise (whose form would repeat it)."""
+    x = sympy.Symbol("x", real=True)
+    assert stabilize(sympy.log(sympy.sinh(x))) == sf.log_sinh(x)
+    assert stabilize(sympy.log(-2 * sympy.sinh(x))) == sympy.log(2) + sf.log_sinh(-x)
+    assert stabilize(sympy.log(x) - sympy.log(sympy.sinh(x))) == sympy.log(x) - sf.log_sinh(x)
+    inner = sympy.Piecewise((x, x > 0), (0, True))
+    assert not stabilize(sympy.log(sympy.sinh(inner))).has(sf.log_sinh)
 
 
 def test_a_root_plus_what_it_nearly_cancels_becomes_hypot_plus():
