@@ -51,7 +51,9 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    (after the normal tails) a root plus what it nearly cancels, ``hypot(u, b) + u`` for
    ``u`` of either sign (squareplus, ``sqrt(x**2 + 1) - x``, ``x/hypot(x, b) + 1``), ->
    ``hypot_plus(u, b)``, ``b*(b/(hypot(u, b) + |u|)) + u*(1 + sign(u))``, and
-   ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums).
+   ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums); last,
+   ``exp(k*v)*sigmoid(-c*exp(v))`` -> ``exp(k*v - c*exp(v))*sigmoid(c*exp(v))``
+   (_sigmoid_exp_products).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
    ``log1p(x)/x`` and their derivatives): a :func:`~symgrad.stable_functions.removable`
    function, printed as a Taylor polynomial near 0 and the closed form at a guarded
@@ -110,6 +112,7 @@ def stabilize(expr: sympy.Expr) -> sympy.Expr:
         # (the rules again, once: hypot_plus(u, b) - hypot(u, b) leaves u*b/h**3, whose
         # power of the norm _rule_norm_ratio shares out)
         expr = rewriter.rewrite(summed)
+    expr = _sigmoid_exp_products(expr)
     expr = _removable_singularities(expr)
     expr = _guard_piecewise(expr)
     return expr
@@ -418,6 +421,43 @@ def _rule_merge_exp(node: sympy.Expr):
         return None
     others = [f for f in node.args if not isinstance(f, sympy.exp)]
     return sympy.Mul(*others) * sympy.exp(sympy.Add(*(f.args[0] for f in exps)))
+
+
+def _sigmoid_exp_products(expr: sympy.Expr) -> sympy.Expr:
+    """_sigmoid_of_exp on every product, after the bottom-up rules: _rule_ratio would take
+    the joined exponential apart again."""
+    made: dict[sympy.Expr, sympy.Expr | None] = {}
+
+    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
+        if node not in made:
+            made[node] = _sigmoid_of_exp(node)
+        return made[node]
+
+    return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
+
+
+def _sigmoid_of_exp(node: sympy.Expr):
+    """``exp(k*v)*sigmoid(-c*exp(v))**j`` -> ``exp(k*v - j*c*exp(v))*sigmoid(c*exp(v))**j``
+    (numbers k, c, j > 0): where exp(v) overflows the sigmoid is 0, and the product inf*0 =
+    nan, while the joined exponent is -inf. TanhExp ``x*tanh(exp(x))``'s gradient,
+    ``4*x*exp(x)*sigmoid(-2*exp(x))*sigmoid(2*exp(x)) + tanh(exp(x))``, was nan from x = 89
+    in float32 (found by an accuracy hunt). (Only of exp(v): ``c*exp(v)`` is positive, so
+    ``exp(-c*exp(v))`` cannot overflow.)"""
+    if not node.is_Mul:
+        return None
+    exponents = [f.args[0] for f in node.args if isinstance(f, sympy.exp)]
+    for factor in node.args:
+        base, power = factor.as_base_exp()
+        if not (isinstance(base, sigmoid) and power.is_number and power.is_positive):
+            continue
+        c, inner = base.args[0].as_coeff_Mul()
+        if not (c.is_negative and isinstance(inner, sympy.exp)):
+            continue
+        merged = next((e for e in exponents if (e / inner.args[0]).is_number and (e / inner.args[0]).is_positive), None)
+        if merged is not None:
+            rest = sympy.Mul(*(f for f in node.args if f is not factor and f != sympy.exp(merged)))
+            return rest * sympy.exp(merged + power * c * inner) * sigmoid(-c * inner) ** power
+    return None
 
 
 def _lse_args(expr: sympy.Expr) -> list[sympy.Expr]:
