@@ -1111,7 +1111,7 @@ def _rule_norm_ratio(node: sympy.Expr):
     return sympy.Mul(*factors, norm ** (exponent + degree))
 
 
-_OVERFLOWING = (sympy.exp, sympy.cosh, sympy.sinh, sympy.tan, sympy.gamma)
+_OVERFLOWING = (sympy.exp, expm1, sympy.cosh, sympy.sinh, sympy.tan, sympy.gamma)
 
 
 def _can_overflow(expr: sympy.Expr) -> bool:
