@@ -284,7 +284,9 @@ def autograd_loses_second_derivatives(
     and 1/expm1(x), log(1 - exp(-x))'s, has exp(x)/expm1(x)**2, inf/inf = nan at x = 100
     (found by a double-backward survey). Where SymPy cannot write autograd's derivative,
     False: it stays autograd's; and so it does, unchecked, beyond the simplification bounds
-    (_beyond_second_derivative_bounds) and with four symbols or more.
+    (_beyond_second_derivative_bounds) and with four symbols or more. True without probing
+    for two kinds of formula whose failure the probes cannot see: a function of an
+    exponential, and a hypot_plus (both below).
     """
     fixed = fixed or {}
     if _beyond_second_derivative_bounds(raw) or len((formula.free_symbols | raw.free_symbols) - set(fixed)) > 3:
@@ -297,9 +299,9 @@ def autograd_loses_second_derivatives(
         return True
     if formula.has(hypot_plus):
         # autograd's product rule on a quotient of it cancels between points the probe
-        # samples: the y-gradient of sqrt(x**2 + y**2) - y, -hypot_plus(-y, x)/h, has x-
-        # derivative -(b/h)/h + r*b/h**3, 0 at (0.5, -1e-8) in float32 where it is 4e-8,
-        # while its symbolic form, b*u/h**3 (stable._hypot_sum), is exact.
+        # samples: the x-gradient of y*(sqrt(x**2 + 1) - x), -y*r/h with r = hypot_plus(-x,
+        # 1), has x-derivative y*(r/h**2 + x*r/h**3), 5e-4 off at x = -50 in float32, while
+        # its symbolic form y*r*hypot_plus(x, 1)/h**3 (stable._hypot_sum) is exact.
         return True
     # (fixed first: a param is never differentiated, and as a number it folds)
     printed = _as_autograd_differentiates(formula.xreplace(fixed))
@@ -971,6 +973,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                     continue
                 split = _sigmoids_split(forward, gradient)
                 if split == forward or not _shares_work(split, gradient, fused=True):
+                    recomputed.append((i, j, gradient))
                     continue
                 forward = split
                 identities.add("sigmoid_split")
@@ -1007,7 +1010,13 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     # autograd's 1/h - x**2/h**3 was 0 in float32 at (1e4, 0.5), where it is 2.5e-13.)
     for i, j, gradient in recomputed:
         raw = derivation.raw_gradients[i][j]
-        if gradient in returned or not autograd_loses_second_derivatives(gradient, raw, parsed.inputs):
+        if not autograd_loses_second_derivatives(gradient, raw, parsed.inputs):
+            continue
+        gradient = reuse_shared_work(gradient, list(forward) + [gradient])
+        if gradient in forward:
+            continue
+        if gradient in returned:
+            derivatives[returned.index(gradient)].append((i, j))
             continue
         row_identities = set()
         try:
@@ -1020,6 +1029,9 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         second.append(row)
         returned.append(gradient)
         derivatives.append([(i, j)])
+    # (in the gradients' order, as without the pass above: dresult_dx before dresult_dy)
+    order = sorted(range(len(derivatives)), key=lambda k: derivatives[k][0])
+    derivatives, second, returned = ([seq[k] for k in order] for seq in (derivatives, second, returned))
     extra_outputs = tuple(Output(gradient) for gradient in returned)
     return Derivation(
         parsed=Parsed(**{**parsed.__dict__, "outputs": parsed.outputs + extra_outputs}),

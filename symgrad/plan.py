@@ -266,7 +266,8 @@ def _choose_saved_forms(
     Like PyTorch's ``exp: grad * result``, a row may be rewritten in terms of its own
     output when that is exact (a structural substitution) and cheaper. The choice that
     saves the fewest tensors, then costs the fewest operations, wins. With
-    ``avoid_results``, the cheapest that saves no output and no more tensors, or None.
+    ``avoid_results``, the cheapest that saves no output and no more tensors than that
+    winner; None where there is none, or where it is the winner already.
     """
     parsed = derivation.parsed
     options = []
@@ -287,13 +288,15 @@ def _choose_saved_forms(
         used = set().union(*(g.free_symbols for row in rows for g in row)) & tensors
         return len(used & overwritten), len(used), sum(op_count(g) for row in rows for g in row)
 
-    best = min(itertools.product(*options), key=cost)
+    choices = list(itertools.product(*options))
+    best = min(choices, key=cost)
     if not avoid_results:
         return list(best)
-    without = [rows for rows in itertools.product(*options) if not any(g.has(*names.results) for row in rows for g in row)]
-    if not without or cost(min(without, key=cost))[:2] > cost(best)[:2] or min(without, key=cost) == best:
+    without = [rows for rows in choices if not any(g.has(*names.results) for row in rows for g in row)]
+    best_without = min(without, key=cost) if without else None
+    if best_without is None or best_without == best or cost(best_without)[:2] > cost(best)[:2]:
         return None
-    return list(min(without, key=cost))
+    return list(best_without)
 
 
 class _Builder:

@@ -49,7 +49,7 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
 
    Then, for a sum, ``factor_terms`` is tried and kept if it costs fewer operations; and
    (after the normal tails) a root plus what it nearly cancels, ``hypot(u, b) + u`` for
-   ``u`` of either sign (squareplus, ``sqrt(x**2 + 1) - x``, ``x/hypot(x, b) + 1``), ->
+   ``u`` of either sign and a number ``b`` (squareplus, ``sqrt(x**2 + 1) - x``, ``x/hypot(x, b) + 1``), ->
    ``hypot_plus(u, b)``, ``b*(b/(hypot(u, b) + |u|)) + u*(1 + sign(u))``, and
    ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums); last,
    ``exp(k*v)*sigmoid(-c*exp(v))`` -> ``exp(k*v - c*exp(v))*sigmoid(c*exp(v))``
@@ -654,17 +654,19 @@ def _hypot_sums(expr: sympy.Expr) -> sympy.Expr:
 
 
 def _hypot_sum(node: sympy.Add) -> sympy.Expr | None:
-    """``p + q`` with ``p/q = s*u/hypot(u, b)`` -> ``q*hypot_plus(s*u, b)/hypot(u, b)``,
-    and ``k*hypot_plus(u, b) - k*hypot(u, b)`` -> ``k*u``, repeated while a pair is left;
-    None where there is none.
+    """``p + q`` with ``p/q = s*u/hypot(u, b)`` -> ``q*hypot_plus(s*u, b)/hypot(u, b)`` for a
+    nonzero number ``b``, and ``k*hypot_plus(u, b) - k*hypot(u, b)`` -> ``k*u``, repeated
+    while a pair is left; None where there is none.
 
     ``hypot(u, b) + s*u`` cancels where ``s*u`` is negative and large next to ``b``:
     squareplus ``(x + sqrt(x**2 + 4))/2`` was 0 in float32 from x = -1e4 (truth 1e-4), and
     its gradient ``x/(2*hypot(x, 2)) + 1/2`` likewise; ``sqrt(x**2 + 1) - x`` from 4096 (found
     by an accuracy hunt). So would the derivatives of ``r = hypot_plus(u, b)``: ``r/h**2 -
     u*r/h**3`` where ``u`` is large and positive, and ``-b/h**2 + r*b/h**3`` where ``u`` is
-    small. Not where ``s*u`` is nonnegative, which cannot cancel, nor for a number ``u``
-    (_rule_hypot_excess).
+    small. Not where ``s*u`` is nonnegative, which cannot cancel; nor for a number ``u``
+    (_rule_hypot_excess); nor for a ``b`` that is not a number (``hypot(x, y) - y``): it can
+    be 0, and the quotient is then 0/0 at the origin, where the difference is 0 (found in
+    review).
     """
     rewritten = None
     while node.is_Add:
@@ -672,7 +674,10 @@ def _hypot_sum(node: sympy.Add) -> sympy.Expr | None:
         if pair is None:
             break
         p, q, replacement = pair
-        node = rewritten = sympy.Add(*(t for t in node.args if t is not p and t is not q), replacement)
+        rest = list(node.args)
+        rest.remove(p)  # (by equality: q is built afresh, equal to a term but not the same object)
+        rest.remove(q)
+        node = rewritten = sympy.Add(*rest, replacement)
     return rewritten
 
 
@@ -680,22 +685,24 @@ def _hypot_pair(terms: tuple[sympy.Expr, ...]):
     """The first ``(p, q, p + q rewritten)`` of _hypot_sum's pairs among ``terms``, or None."""
     if len(terms) > _HYPOT_SUM_MAX_TERMS:
         return None
+    present = set(terms)
     factors = {f.base if f.is_Pow else f for t in terms for f in sympy.Mul.make_args(t)}
     for plus in sorted((f for f in factors if isinstance(f, hypot_plus)), key=sympy.default_sort_key):
         root = hypot_plus.root(*plus.args)
         for p in terms:
             q = -p / plus * root
-            if q in terms and q is not p:
+            if q in present and q != p:
                 return p, q, p / plus * plus.args[0]
     for root in sorted((f for f in factors if isinstance(f, hypot)), key=sympy.default_sort_key):
         for u, b in (root.args, root.args[::-1]):
-            if u.is_number:
+            if u.is_number or not (b.is_number and b.is_nonzero):
                 continue
-            for p in terms:
+            # (a pair has a term with the root or u as a factor: only those are tried)
+            for p in (t for t in terms if {root, u} & {f.base if f.is_Pow else f for f in sympy.Mul.make_args(t)}):
                 # p/q = s*u/root, so q = s*p*root/u
                 for s in (1, -1):
                     q = s * p * root / u
-                    if q in terms and q is not p and not (s * u).is_nonnegative:
+                    if q in present and q != p and not (s * u).is_nonnegative:
                         return p, q, q * hypot_plus(s * u, b) / root
     return None
 

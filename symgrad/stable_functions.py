@@ -505,11 +505,12 @@ class hypot_plus(ExpandedFunction):  # noqa: N801
     ``u > 0`` and exactly 0 elsewhere. (Not ``u + |u|``, which is the same: SymPy would
     spread it into the sum, and its terms could then be added in an order that cancels.)
 
-    As written it cancels where ``u`` is negative and large next to ``b``: squareplus
+    ``b`` is a nonzero number (stable._hypot_sum): at ``b = u = 0`` the quotient would be
+    0/0. As written it cancels where ``u`` is negative and large next to ``b``: squareplus
     ``(x + sqrt(x**2 + 4))/2`` was 0 in float32 from ``x = -1e4`` (truth 1e-4), and
     ``sqrt(x**2 + 1) - x``, which is ``hypot_plus(-x, 1)``, from ``x = 4096``. No term
-    cancels here, and every one is finite with finite derivatives wherever ``b != 0``, so
-    no ``torch.where`` is needed (a guarded Piecewise made squareplus's forward plus
+    cancels here, and every one is finite with finite derivatives wherever ``2u`` is (it
+    is about the value), so no ``torch.where`` is needed (a guarded Piecewise made squareplus's forward plus
     backward 10x slower, and a where of the two forms 4x). At ``u = 0`` autograd's
     derivatives of ``|u|`` and ``sign(u)`` are 0, which leaves the right slope, 1.
     The quotient is ``b*(b/(...))``, kept whole by stable_functions.norm_ratio, so
@@ -521,8 +522,9 @@ class hypot_plus(ExpandedFunction):  # noqa: N801
     @staticmethod
     def root(u: sympy.Expr, b: sympy.Expr) -> hypot:
         """``hypot(u, b)``, without a minus sign and with its arguments in the order
-        stable._rule_hypot gives them (hypot is even in each, and symmetric), so that
-        ``hypot_plus(-y, x)`` and the gradients' ``hypot(x, y)`` share one kernel."""
+        stable._rule_hypot gives them, the number ``b`` last (hypot is even in each, and
+        symmetric), so that ``hypot_plus(-x, 1)`` and the gradients' ``hypot(x, 1)`` share
+        one kernel."""
         unsigned = (-arg if arg.could_extract_minus_sign() else arg for arg in (u, b))
         return hypot(*sorted(unsigned, key=lambda arg: (bool(arg.is_number), sympy.default_sort_key(arg))))
 
@@ -548,10 +550,6 @@ class hypot_plus(ExpandedFunction):  # noqa: N801
     def elementary(self):
         u, b = self.args
         return sympy.sqrt(u**2 + b**2) + u
-
-    def _sympystr(self, printer) -> str:
-        # Docstrings show the sum it is, parenthesised as norm_ratio's quotient is.
-        return "(%s)" % printer._print(sympy.Add(self.root(*self.args), self.args[0], evaluate=False))
 
     @classmethod
     def expanded(cls, u: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
