@@ -1426,7 +1426,23 @@ def _rule_inverse(node: sympy.Expr):
     return u if u.is_extended_real is not False else None
 
 
+def _rule_acosh_near_one(node: sympy.Expr):
+    """``acosh(1 + u)`` -> ``log1p(u + sqrt(u)*sqrt(u + 2))`` (u >= 0): as written, 1 + u
+    rounds to 1 where u is small, and the value, about sqrt(2*u), is lost: 0 in float32 at
+    u = 1e-8 where it is 1.4e-4 (found by an accuracy hunt). The Poincare-ball distance
+    ``acosh(1 + 2*|x - y|**2/((1 - |x|**2)*(1 - |y|**2)))`` is of this form, with u small for
+    nearby points. (Two roots, not sqrt(u*(u + 2)): u**2 overflows from u = 1.8e19 in
+    float32.)"""
+    if not isinstance(node, sympy.acosh):
+        return None
+    constant, u = node.args[0].as_coeff_Add()
+    if constant != 1 or u == 0:
+        return None
+    return log1p(u + sympy.sqrt(u) * sympy.sqrt(u + 2))
+
+
 _RULES = (
+    _rule_acosh_near_one,
     _rule_inverse,
     _rule_minus_one,
     _rule_log,
