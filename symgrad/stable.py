@@ -47,13 +47,17 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    - ``atanh(tanh(u))`` and ``asinh(sinh(u))`` -> ``u`` (real ``u``): evaluated as written,
      tanh rounds to 1 and sinh overflows (atanh(tanh(-16.72)) is -16.7205 in float64).
 
-   Then, for a sum, ``factor_terms`` is tried and kept if it costs fewer operations; and
-   (after the normal tails) a root plus what it nearly cancels, ``hypot(u, b) + u`` for
-   ``u`` of either sign and a number ``b`` (squareplus, ``sqrt(x**2 + 1) - x``, ``x/hypot(x, b) + 1``), ->
-   ``hypot_plus(u, b)``, ``b*(b/(hypot(u, b) + |u|)) + u*(1 + sign(u))``, and
-   ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums); last,
+   - ``acosh(1 + u)`` -> ``log1p(u + sqrt(u)*sqrt(u + 2))`` (1 + u rounds to 1).
+
+   Then, for a sum, ``factor_terms`` is tried and kept if it costs fewer operations. After
+   these rules (which would undo them), in order: the normal tails' products (above); a
+   root plus what it nearly cancels, ``hypot(u, b) + u`` for ``u`` of either sign and a
+   number ``b`` (squareplus, ``sqrt(x**2 + 1) - x``, ``x/hypot(x, b) + 1``) ->
+   ``hypot_plus(u, b)``, and ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums);
    ``exp(k*v)*sigmoid(-c*exp(v))`` -> ``exp(k*v - c*exp(v))*sigmoid(c*exp(v))``
-   (_sigmoid_exp_products).
+   (_sigmoid_exp_products); a sum with ``c*expm1(u)`` times ``exp(-u)`` or
+   ``sinh(u/2)**-2``, distributed so that they meet (_expm1_partners); and a sum of sinh
+   and cosh terms over ``cosh(u)**k``, distributed (_cosh_power_sums).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
    ``log1p(x)/x`` and their derivatives): a :func:`~symgrad.stable_functions.removable`
    function, printed as a Taylor polynomial near 0 and the closed form at a guarded
@@ -479,6 +483,13 @@ def _cosh_power_sums(expr: sympy.Expr) -> sympy.Expr:
     inf/inf = nan from |x| = 90 in float32 (found by an accuracy hunt); distributed it is
     ``-2*x*tanh(x)/cosh(x)**2 + 2/cosh(x)**2``."""
 
+    made: dict[sympy.Expr, sympy.Expr | None] = {}
+
+    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
+        if node not in made:
+            made[node] = spread(node)
+        return made[node]
+
     def spread(node: sympy.Expr) -> sympy.Expr | None:
         if not node.is_Mul:
             return None
@@ -491,7 +502,7 @@ def _cosh_power_sums(expr: sympy.Expr) -> sympy.Expr:
                     return rest * sympy.Add(*(t * power for t in total.args))
         return None
 
-    return expr.replace(lambda node: spread(node) is not None, spread)
+    return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
 
 
 def _sigmoid_exp_products(expr: sympy.Expr) -> sympy.Expr:
