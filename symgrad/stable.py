@@ -55,8 +55,8 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    number ``b`` (squareplus, ``sqrt(x**2 + 1) - x``, ``x/hypot(x, b) + 1``) ->
    ``hypot_plus(u, b)``, and ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums);
    ``exp(k*v)*sigmoid(-c*exp(v))`` -> ``exp(k*v - c*exp(v))*sigmoid(c*exp(v))``
-   (_sigmoid_exp_products); a sum with ``c*expm1(u)`` times ``exp(-u)`` or
-   ``sinh(u/2)**-2``, distributed so that they meet (_expm1_partners); and a sum of sinh
+   (_sigmoid_exp_products); a sum with ``c*expm1(u)`` times ``exp(-u)``, distributed so
+   that they meet (_expm1_partners); and a sum of sinh
    and cosh terms over ``cosh(u)**k``, distributed (_cosh_power_sums).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
    ``log1p(x)/x`` and their derivatives): a :func:`~symgrad.stable_functions.removable`
@@ -432,27 +432,36 @@ def _rule_merge_exp(node: sympy.Expr):
     return sympy.Mul(*others) * sympy.exp(sympy.Add(*(f.args[0] for f in exps)))
 
 
-def _expm1_partners(expr: sympy.Expr) -> sympy.Expr:
-    """_expm1_partner on every product, after the bottom-up rules (which would factor the
-    distributed sum again)."""
+def _replace_each(expr: sympy.Expr, kind: type, rule) -> sympy.Expr:
+    """``expr`` with each node of ``kind`` that ``rule`` rewrites (a result, not None)
+    replaced, in one bottom-up pass, each distinct node tried once: the passes after the
+    bottom-up rules."""
     made: dict[sympy.Expr, sympy.Expr | None] = {}
 
     def rewritten(node: sympy.Expr) -> sympy.Expr | None:
         if node not in made:
-            made[node] = _expm1_partner(node)
+            made[node] = rule(node)
         return made[node]
 
-    return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
+    return expr.replace(lambda node: isinstance(node, kind) and rewritten(node) is not None, rewritten)
+
+
+def _expm1_partners(expr: sympy.Expr) -> sympy.Expr:
+    """_expm1_partner on every product, after the bottom-up rules (which would factor the
+    distributed sum again)."""
+    return _replace_each(expr, sympy.Mul, _expm1_partner)
 
 
 def _expm1_partner(node: sympy.Expr):
-    """A sum with a term ``c*expm1(u)``, times ``exp(-u)`` or ``sinh(u/2)**-2``, which
-    underflow where expm1(u) overflows: the factor is distributed over the sum, and meets
-    expm1(u) exactly, ``expm1(u)*exp(-u) = -expm1(-u)`` and ``4*sinh(u/2)**2 =
-    -expm1(u)*expm1(-u)``. The gradients of ``(1 - exp(-x))/x``, ``(x - expm1(x))*exp(-x)/x**2``,
-    and of ``x/(1 - exp(-x))``, ``-(x - expm1(x))/(4*sinh(x/2)**2)``, were inf*0 and inf/inf
-    = nan from x = 89 in float32, where naive autograd is right (found by an accuracy hunt);
-    now they are ``(x*exp(-x) + expm1(-x))/x**2`` and ``(x/expm1(x) - 1)/expm1(-x)``.
+    """A sum with a term ``c*expm1(u)``, times ``exp(-u)``, which underflows where expm1(u)
+    overflows: the factor is distributed over the sum, and meets expm1(u) exactly,
+    ``expm1(u)*exp(-u) = -expm1(-u)``. The gradient of ``(1 - exp(-x))/x``, ``(x -
+    expm1(x))*exp(-x)/x**2``, was inf*0 = nan from x = 89 in float32, where naive autograd is
+    right (found by an accuracy hunt); now it is ``(x*exp(-x) + expm1(-x))/x**2``. (Not
+    ``x/(1 - exp(-x))``'s ``-(x - expm1(x))/(4*sinh(x/2)**2)``: written with
+    ``4*sinh(u/2)**2 = -expm1(u)*expm1(-u)`` it was exact for x > 0 but 0 where its
+    expm1(-x) overflows, x < -89 in float32, and its double backward nan there; found in
+    review.)
     """
     if not node.is_Mul:
         return None
@@ -468,11 +477,6 @@ def _expm1_partner(node: sympy.Expr):
                 rest.remove(sympy.exp(-u))
                 spread = sympy.Add(*(t * sympy.exp(-u) for t in others)) - c * expm1(-u)
                 return sympy.Mul(*rest) * spread
-            half = sympy.sinh(u / 2) ** -2
-            if half in rest:
-                rest.remove(half)
-                spread = sympy.Add(*(t / call for t in others)) + c
-                return sympy.Mul(*rest) * -4 * spread / expm1(-u)
     return None
 
 
@@ -482,13 +486,6 @@ def _cosh_power_sums(expr: sympy.Expr) -> sympy.Expr:
     second derivative with --save speed, ``-(2*x*sinh(x) - 2*cosh(x))/cosh(x)**3``, was
     inf/inf = nan from |x| = 90 in float32 (found by an accuracy hunt); distributed it is
     ``-2*x*tanh(x)/cosh(x)**2 + 2/cosh(x)**2``."""
-
-    made: dict[sympy.Expr, sympy.Expr | None] = {}
-
-    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
-        if node not in made:
-            made[node] = spread(node)
-        return made[node]
 
     def spread(node: sympy.Expr) -> sympy.Expr | None:
         if not node.is_Mul:
@@ -502,20 +499,13 @@ def _cosh_power_sums(expr: sympy.Expr) -> sympy.Expr:
                     return rest * sympy.Add(*(t * power for t in total.args))
         return None
 
-    return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
+    return _replace_each(expr, sympy.Mul, spread)
 
 
 def _sigmoid_exp_products(expr: sympy.Expr) -> sympy.Expr:
     """_sigmoid_of_exp on every product, after the bottom-up rules: _rule_ratio would take
     the joined exponential apart again."""
-    made: dict[sympy.Expr, sympy.Expr | None] = {}
-
-    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
-        if node not in made:
-            made[node] = _sigmoid_of_exp(node)
-        return made[node]
-
-    return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
+    return _replace_each(expr, sympy.Mul, _sigmoid_of_exp)
 
 
 def _sigmoid_of_exp(node: sympy.Expr):
@@ -708,14 +698,7 @@ def _normal_tail_products(expr: sympy.Expr) -> sympy.Expr:
     After the bottom-up rules, and once: the Piecewise a quotient becomes keeps the product
     as written on its accurate side, which the rules would rewrite again.
     """
-    made: dict[sympy.Expr, sympy.Expr | None] = {}
-
-    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
-        if node not in made:
-            made[node] = _tail_mul(node)
-        return made[node]
-
-    return expr.replace(lambda node: isinstance(node, sympy.Mul) and rewritten(node) is not None, rewritten)
+    return _replace_each(expr, sympy.Mul, _tail_mul)
 
 
 def _hypot_sums(expr: sympy.Expr) -> sympy.Expr:
@@ -725,14 +708,7 @@ def _hypot_sums(expr: sympy.Expr) -> sympy.Expr:
     After the bottom-up rules: ``log(x + sqrt(x**2 + 1))`` has become ``asinh(x)`` and
     ``hypot(x, 1) - 1`` ``hypot_excess(x, 1)`` by then, which are cheaper.
     """
-    made: dict[sympy.Expr, sympy.Expr | None] = {}
-
-    def rewritten(node: sympy.Expr) -> sympy.Expr | None:
-        if node not in made:
-            made[node] = _hypot_sum(node)
-        return made[node]
-
-    return expr.replace(lambda node: isinstance(node, sympy.Add) and rewritten(node) is not None, rewritten)
+    return _replace_each(expr, sympy.Add, _hypot_sum)
 
 
 def _hypot_sum(node: sympy.Add) -> sympy.Expr | None:

@@ -158,10 +158,9 @@ CASES = [
         lambda x: mpmath.mpf(1) if x == 0 else mpmath.asinh(x) / x,
         rtol={torch.float32: 4e-6},
     ),
-    # (their gradients were inf*0 and inf/inf = nan from x = 89 in float32, where naive
-    # autograd is right: stable._expm1_partner; a third accuracy hunt)
+    # (its gradient was inf*0 = nan from x = 89 in float32, where naive autograd is right:
+    # stable._expm1_partner; a third accuracy hunt)
     Case("one_minus_exp_over_x", "(1 - exp(-x))/x", lambda x: mpmath.mpf(1) if x == 0 else -mpmath.expm1(-x) / x),
-    Case("x_over_one_minus_exp", "x/(1 - exp(-x))", lambda x: mpmath.mpf(1) if x == 0 else x / -mpmath.expm1(-x)),
     # LiSHT: its second derivative with --save speed, -(2*x*sinh(x) - 2*cosh(x))/cosh(x)**3,
     # was inf/inf = nan from |x| = 90 in float32 (stable._cosh_power_sums; an accuracy hunt)
     Case("lisht", "x*tanh(x)", lambda x: x * mpmath.tanh(x)),
@@ -711,10 +710,9 @@ EQUALITY_EXPRS = [
     # a sum over a power of cosh (stable._cosh_power_sums)
     -(2 * X * sympy.sinh(X) - 2 * sympy.cosh(X)) / sympy.cosh(X) ** 3,
     (Y * sympy.sinh(X) ** 2 + sympy.cosh(X)) / sympy.cosh(X) ** 4,
-    # a sum with expm1(u) times exp(-u) or 1/sinh(u/2)**2 (stable._expm1_partner)
+    # a sum with expm1(u) times exp(-u) (stable._expm1_partner)
     (Y - expm1(X)) * sympy.exp(-X) / X**2,
-    -(X - expm1(X)) / sympy.sinh(X / 2) ** 2 / 4 + Y,
-    sympy.diff(X / (1 - sympy.exp(-X)), X),
+    sympy.diff((1 - sympy.exp(-X)) / X, X),
     # an exponential times a sigmoid of minus it (stable._sigmoid_of_exp)
     sympy.diff(X * sympy.tanh(sympy.exp(X)), X),
     sympy.exp(2 * X + Y) * sf.sigmoid(-3 * sympy.exp(X)) ** 2,
@@ -1819,14 +1817,11 @@ def _points_in_domain(case) -> list[float]:
 # Cases whose second derivatives cancel in the tails (test_normal_tail_second_derivatives).
 _NORMAL_TAIL_CASES = ("log_ndtr", "log_erfc", "log_one_plus_erf")
 # (case, save) whose double backward is still wrong somewhere (README, "What is still
-# wrong"); their values and gradients are checked with every other case:
-# - x/(1 - exp(-x))'s, nan in float32 from |x| = 100 (autograd differentiates its gradient
-#   (x/expm1(x) - 1)/expm1(-x), and the probes' exact reference overflows there) and 5%
-#   off at x = 20;
-# - LiSHT's in the default mode, 0 at |x| = 20 where it is -6.5e-16 (autograd's 1 - y**2 for
-#   tanh's derivative; the probe accepts its 2.6% error there, derive._SECOND_DERIVATIVE_MAX_ERROR),
-#   as naive autograd's is. Its --save speed second derivative is exact.
-_SECOND_DERIVATIVE_GAPS = {("x_over_one_minus_exp", "memory"), ("x_over_one_minus_exp", "speed"), ("lisht", "memory")}
+# wrong"); their values and gradients are checked with every other case: LiSHT's in the
+# default mode, 0 at |x| = 20 where it is -6.5e-16 (autograd's 1 - y**2 for tanh's
+# derivative; the probe accepts its 2.6% error there, derive._SECOND_DERIVATIVE_MAX_ERROR),
+# as naive autograd's is. Its --save speed second derivative is exact.
+_SECOND_DERIVATIVE_GAPS = {("lisht", "memory")}
 
 
 # The one-input cases whose fused modules get plan.SecondDerivative: autograd's derivative of
