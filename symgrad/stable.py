@@ -53,11 +53,12 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    these rules (which would undo them), in order: the normal tails' products (above); a
    root plus what it nearly cancels, ``hypot(u, b) + u`` for ``u`` of either sign and a
    number ``b`` (squareplus, ``sqrt(x**2 + 1) - x``, ``x/hypot(x, b) + 1``) ->
-   ``hypot_plus(u, b)``, and ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums);
-   ``exp(k*v)*sigmoid(-c*exp(v))`` -> ``exp(k*v - c*exp(v))*sigmoid(c*exp(v))``
-   (_sigmoid_exp_products); a sum with ``c*expm1(u)`` times ``exp(-u)``, distributed so
-   that they meet (_expm1_partners); and a sum of sinh
-   and cosh terms over ``cosh(u)**k``, distributed (_cosh_power_sums).
+   ``hypot_plus(u, b)``, and ``hypot_plus(u, b) - hypot(u, b)`` -> ``u`` (_hypot_sums); a
+   sum of sinh and cosh terms over ``cosh(u)**k``, distributed (_cosh_power_sums); these
+   two run the rules again once where they changed something, which leave their results
+   alone; then ``exp(k*v)*sigmoid(-c*exp(v))`` -> ``exp(k*v - c*exp(v))*sigmoid(c*exp(v))``
+   (_sigmoid_exp_products), and a sum with ``c*expm1(u)`` times ``exp(-u)``, distributed so
+   that they meet (_expm1_partners).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
    ``log1p(x)/x`` and their derivatives): a :func:`~symgrad.stable_functions.removable`
    function, printed as a Taylor polynomial near 0 and the closed form at a guarded
@@ -116,12 +117,13 @@ def stabilize(expr: sympy.Expr) -> sympy.Expr:
         # (the rules again, once: hypot_plus(u, b) - hypot(u, b) leaves u*b/h**3, whose
         # power of the norm _rule_norm_ratio shares out)
         expr = rewriter.rewrite(summed)
-    expr = _sigmoid_exp_products(expr)
-    expr = _expm1_partners(expr)
     spread = _cosh_power_sums(expr)
     if spread != expr:
-        # (the rules again, once: sinh(u)*cosh(u)**-3 is then tanh(u)/cosh(u)**2)
+        # (the rules again, once: sinh(u)*cosh(u)**-3 is then tanh(u)/cosh(u)**2; before the
+        # passes below, whose results the rules would undo; found in review)
         expr = rewriter.rewrite(spread)
+    expr = _sigmoid_exp_products(expr)
+    expr = _expm1_partners(expr)
     expr = _removable_singularities(expr)
     expr = _guard_piecewise(expr)
     return expr
@@ -452,7 +454,7 @@ def _expm1_partners(expr: sympy.Expr) -> sympy.Expr:
     return _replace_each(expr, sympy.Mul, _expm1_partner)
 
 
-def _expm1_partner(node: sympy.Expr):
+def _expm1_partner(node: sympy.Mul):
     """A sum with a term ``c*expm1(u)``, times ``exp(-u)``, which underflows where expm1(u)
     overflows: the factor is distributed over the sum, and meets expm1(u) exactly,
     ``expm1(u)*exp(-u) = -expm1(-u)``. The gradient of ``(1 - exp(-x))/x``, ``(x -
@@ -463,8 +465,6 @@ def _expm1_partner(node: sympy.Expr):
     expm1(-x) overflows, x < -89 in float32, and its double backward nan there; found in
     review.)
     """
-    if not node.is_Mul:
-        return None
     for total in (f for f in node.args if f.is_Add and f.has(expm1)):
         for term in total.args:
             c, call = term.as_coeff_Mul()
@@ -481,16 +481,15 @@ def _expm1_partner(node: sympy.Expr):
 
 
 def _cosh_power_sums(expr: sympy.Expr) -> sympy.Expr:
-    """A sum of terms with sinh(u) or cosh(u) factors over ``cosh(u)**k`` (k >= 2) is
+    """A sum whose every term has sinh(u) or cosh(u) in it, over ``cosh(u)**k`` (k >= 2), is
     distributed, so that _rule_sinh_over_cosh meets each term's powers: LiSHT ``x*tanh(x)``'s
     second derivative with --save speed, ``-(2*x*sinh(x) - 2*cosh(x))/cosh(x)**3``, was
     inf/inf = nan from |x| = 90 in float32 (found by an accuracy hunt); distributed it is
     ``-2*x*tanh(x)/cosh(x)**2 + 2/cosh(x)**2``."""
 
-    def spread(node: sympy.Expr) -> sympy.Expr | None:
-        if not node.is_Mul:
-            return None
-        powers = [f for f in node.args if f.is_Pow and isinstance(f.base, sympy.cosh) and f.exp.is_number and f.exp <= -2]
+    def spread(node: sympy.Mul) -> sympy.Expr | None:
+        # (integer powers: _rule_sinh_over_cosh takes no others; found in review)
+        powers = [f for f in node.args if f.is_Pow and isinstance(f.base, sympy.cosh) and f.exp.is_Integer and f.exp <= -2]
         for power in powers:
             u = power.base.args[0]
             for total in (f for f in node.args if f.is_Add):
@@ -1414,16 +1413,18 @@ def _rule_inverse(node: sympy.Expr):
 
 
 def _rule_acosh_near_one(node: sympy.Expr):
-    """``acosh(1 + u)`` -> ``log1p(u + sqrt(u)*sqrt(u + 2))`` (u >= 0): as written, 1 + u
-    rounds to 1 where u is small, and the value, about sqrt(2*u), is lost: 0 in float32 at
-    u = 1e-8 where it is 1.4e-4 (found by an accuracy hunt). The Poincare-ball distance
-    ``acosh(1 + 2*|x - y|**2/((1 - |x|**2)*(1 - |y|**2)))`` is of this form, with u small for
-    nearby points. (Two roots, not sqrt(u*(u + 2)): u**2 overflows from u = 1.8e19 in
-    float32.)"""
+    """``acosh(1 + u)`` -> ``log1p(u + sqrt(u)*sqrt(u + 2))``, acosh's principal branch: as
+    written, 1 + u rounds to 1 where u is small, and the value, about sqrt(2*u), is lost: 0
+    in float32 at u = 1e-8 where it is 1.4e-4 (found by an accuracy hunt). The Poincare-ball
+    distance ``acosh(1 + 2*|x - y|**2/((1 - |x|**2)*(1 - |y|**2)))`` is of this form, with u
+    small for nearby points. (Two roots, not sqrt(u*(u + 2)): u**2 overflows from u = 1.8e19
+    in float32. ``u + sqrt(u)*sqrt(u + 2)``, about 2u, still does past half the largest
+    float, where acosh is about 89 in float32; 2*asinh(sqrt(u/2)) would not, but ATen's
+    asinh is slow. Not for a u that is never positive, whose roots SymPy folds to I.)"""
     if not isinstance(node, sympy.acosh):
         return None
     constant, u = node.args[0].as_coeff_Add()
-    if constant != 1 or u == 0:
+    if constant != 1 or u == 0 or u.is_nonpositive:
         return None
     return log1p(u + sympy.sqrt(u) * sympy.sqrt(u + 2))
 
