@@ -982,22 +982,9 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 # One ATen kernel computes it in backward (symgrad.kernels): faster than
                 # computing it in forward and multiplying, and nothing more is saved.
                 continue
-            raw = derivation.raw_gradients[i][j]
-            row_identities: set[str] = set()
-            try:
-                row = _second_derivatives(raw, gradient, parsed.inputs, parsed.spec.fuse, row_identities)
-            except SymgradError:
-                continue  # SymPy cannot differentiate it again: backward recomputes this one
-            if any(g.has(sympy.AccumBounds) for g in row):
-                # An interval where a value should be (see _refuse_interval_values): backward
-                # recomputes this one, and autograd differentiates that (found in review).
+            row = _returned_derivative_row(derivation.raw_gradients[i][j], gradient, parsed, identities)
+            if row is None:
                 continue
-            if all(g == 0 for g in row):
-                # Piecewise constant (3*sign(x)): cheap to recompute, and it may even fold to a
-                # number while printing, which forward could not return as a tensor (found by
-                # the fuzz campaign).
-                continue
-            identities |= row_identities
             second.append(row)
             returned.append(gradient)
             derivatives.append([(i, j)])
@@ -1018,14 +1005,9 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         if gradient in returned:
             derivatives[returned.index(gradient)].append((i, j))
             continue
-        row_identities = set()
-        try:
-            row = _second_derivatives(raw, gradient, parsed.inputs, parsed.spec.fuse, row_identities)
-        except SymgradError:
+        row = _returned_derivative_row(raw, gradient, parsed, identities)
+        if row is None:
             continue
-        if any(g.has(sympy.AccumBounds) for g in row) or all(g == 0 for g in row):
-            continue
-        identities |= row_identities
         second.append(row)
         returned.append(gradient)
         derivatives.append([(i, j)])
@@ -1045,6 +1027,28 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         documented_gradients=derivation.documented_gradients,
         identities=tuple(sorted(identities)),
     )
+
+
+def _returned_derivative_row(raw: sympy.Expr, gradient: sympy.Expr, parsed: Parsed, identities: set[str]):
+    """The second derivatives of a gradient forward would return (_second_derivatives),
+    adding the identities used to ``identities``; None where backward recomputes it
+    instead."""
+    row_identities: set[str] = set()
+    try:
+        row = _second_derivatives(raw, gradient, parsed.inputs, parsed.spec.fuse, row_identities)
+    except SymgradError:
+        return None  # SymPy cannot differentiate it again: backward recomputes this one
+    if any(g.has(sympy.AccumBounds) for g in row):
+        # An interval where a value should be (see _refuse_interval_values): backward
+        # recomputes this one, and autograd differentiates that (found in review).
+        return None
+    if all(g == 0 for g in row):
+        # Piecewise constant (3*sign(x)): cheap to recompute, and it may even fold to a
+        # number while printing, which forward could not return as a tensor (found by
+        # the fuzz campaign).
+        return None
+    identities |= row_identities
+    return row
 
 
 def _second_derivatives(

@@ -82,6 +82,7 @@ from .stable_functions import (
     guard,
     hypot,
     hypot_excess,
+    hypot_order,
     hypot_plus,
     log1mexp,
     log_ndtr,
@@ -743,7 +744,9 @@ def _hypot_pair(terms: tuple[sympy.Expr, ...]):
     if len(terms) > _HYPOT_SUM_MAX_TERMS:
         return None
     present = set(terms)
-    factors = {f.base if f.is_Pow else f for t in terms for f in sympy.Mul.make_args(t)}
+    # (each term's factors, powers by their base)
+    factors_of = {t: {f.base if f.is_Pow else f for f in sympy.Mul.make_args(t)} for t in terms}
+    factors = set().union(*factors_of.values())
     for plus in sorted((f for f in factors if isinstance(f, hypot_plus)), key=sympy.default_sort_key):
         root = hypot_plus.root(*plus.args)
         for p in terms:
@@ -755,7 +758,7 @@ def _hypot_pair(terms: tuple[sympy.Expr, ...]):
             if u.is_number or not (b.is_number and b.is_nonzero):
                 continue
             # (a pair has a term with the root or u as a factor: only those are tried)
-            for p in (t for t in terms if {root, u} & {f.base if f.is_Pow else f for f in sympy.Mul.make_args(t)}):
+            for p in (t for t in terms if {root, u} & factors_of[t]):
                 # p/q = s*u/root, so q = s*p*root/u
                 for s in (1, -1):
                     q = s * p * root / u
@@ -1041,7 +1044,7 @@ def _rule_hypot(node: sympy.Expr):
     roots = [_square_root(t) for t in node.base.args]
     if any(r is None for r in roots) or sum(1 for r in roots if not r.is_number) == 0:
         return None
-    roots.sort(key=lambda r: (r.is_number, sympy.default_sort_key(r)))
+    roots.sort(key=hypot_order)
     total = roots[0]
     for r in roots[1:]:
         total = hypot(total, r)

@@ -310,6 +310,12 @@ class hypot(StableFunction):  # noqa: N801
         return sympy.sqrt(a**2 + b**2)
 
 
+def hypot_order(arg: sympy.Expr) -> tuple:
+    """The sort key of hypot's arguments: numbers last, the rest in SymPy's order
+    (stable._rule_hypot nests them in it; hypot_plus.root builds the same root)."""
+    return (bool(arg.is_number), sympy.default_sort_key(arg))
+
+
 class norm_ratio(StableFunction):  # noqa: N801
     """``a/n``, a component ``a`` of a norm ``n`` (``hypot``) over that norm: at most 1 in
     magnitude, so it neither overflows nor underflows where ``a`` and ``n`` are finite.
@@ -526,7 +532,7 @@ class hypot_plus(ExpandedFunction):  # noqa: N801
         symmetric), so that ``hypot_plus(-x, 1)`` and the gradients' ``hypot(x, 1)`` share
         one kernel."""
         unsigned = (-arg if arg.could_extract_minus_sign() else arg for arg in (u, b))
-        return hypot(*sorted(unsigned, key=lambda arg: (bool(arg.is_number), sympy.default_sort_key(arg))))
+        return hypot(*sorted(unsigned, key=hypot_order))
 
     @staticmethod
     def _imp_(u, b):
