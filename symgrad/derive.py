@@ -18,7 +18,7 @@ from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .probe import FLOAT64_MAX, PROBE_FAILURES, moderate, probe_code, real_only, wrap_probe_calls
-from .stable import real_abs_powers, stabilize
+from .stable import has_difference_of_squares, real_abs_powers, stabilize
 from .stable_functions import TaylorPolynomial, expand_functions, hypot_plus, sigmoid, softplus, to_elementary
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
@@ -285,8 +285,8 @@ def autograd_loses_second_derivatives(
     (found by a double-backward survey). Where SymPy cannot write autograd's derivative,
     False: it stays autograd's; and so it does, unchecked, beyond the simplification bounds
     (_beyond_second_derivative_bounds) and with four symbols or more. True without probing
-    for two kinds of formula whose failure the probes cannot see: a function of an
-    exponential, and a hypot_plus (both below).
+    for three kinds of formula whose failure the probes cannot see: a function of an
+    exponential, a hypot_plus and a difference of squares (below).
     """
     fixed = fixed or {}
     if _beyond_second_derivative_bounds(raw) or len((formula.free_symbols | raw.free_symbols) - set(fixed)) > 3:
@@ -302,6 +302,11 @@ def autograd_loses_second_derivatives(
         # samples: the x-gradient of y*(sqrt(x**2 + 1) - x), -y*r/h with r = hypot_plus(-x,
         # 1), has x-derivative y*(r/h**2 + x*r/h**3), 5e-4 off at x = -50 in float32, while
         # its symbolic form y*r*hypot_plus(x, 1)/h**3 (stable._hypot_sum) is exact.
+        return True
+    if has_difference_of_squares(formula):
+        # (1 - x)*(1 + x) (stable._difference_of_squares): autograd's product rule computes
+        # its derivative as (1 - x) - (1 + x), which cancels near 0, where the probes' points
+        # do not reach: asin's second derivative was 0 at x = 1e-8 in float32 (found in review)
         return True
     # (fixed first: a param is never differentiated, and as a number it folds)
     printed = _as_autograd_differentiates(formula.xreplace(fixed))
@@ -337,7 +342,13 @@ def exact_second_derivatives(
         # The derivative of the stable gradient first: symgrad's functions differentiate into
         # stable forms (sigmoid's into sigmoid(u)*sigmoid(-u)), and it costs no simplify (a
         # second each for two symbols). Then the simplified exact derivative.
-        for differentiate in (lambda: _differentiate(gradient, symbol), lambda: cheapest_form(exact)):
+        candidates = (lambda: _differentiate(gradient, symbol), lambda: cheapest_form(exact))
+        if has_difference_of_squares(gradient):
+            # (The product rule on (1 - x)*(1 + x) is as symbolic as autograd's: atanh's
+            # 1/((1 - x)*(1 + x)) differentiates into 1/(1 - x) - 1/(1 + x) over it, which
+            # cancels near 0, beyond the probes' reach; simplified, 2*x/(1 - x**2)**2 does not.)
+            candidates = candidates[::-1]
+        for differentiate in candidates:
             used: set[str] = set()
             (candidate,) = _cheaper_forms((stabilize(differentiate()),), used, False)
             if finite_where_the_math_is(candidate.xreplace(fixed), exact.xreplace(fixed)):

@@ -690,7 +690,14 @@ class Removable(ExpandedFunction):
     def fdiff(self, argindex=1):
         if argindex != 1:
             raise ArgumentIndexError(self, argindex)
-        made = removable(sympy.diff(type(self).closed, _T), _T)
+        from .stable import stable_closed_form  # stable imports this module
+
+        derivative = sympy.diff(type(self).closed, _T)
+        # The closed form's derivative rewritten as every derivative is, since it is printed
+        # away from 0: x/(1 - exp(-x))'s second derivative, the derivative of -x/(4*sinh(x/2)**2)
+        # - 1/expm1(-x), had exp(-x)/expm1(-x)**2 in it, inf/inf = nan from x = -89 in float32
+        # (found by an accuracy hunt). (As written if that form has no series at 0.)
+        made = removable(stable_closed_form(derivative), _T) or removable(derivative, _T)
         if made is None:  # cannot happen for an analytic function; keep it exact anyway
             raise ArgumentIndexError(self, argindex)
         return made(self.args[0])

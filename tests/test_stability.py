@@ -62,6 +62,8 @@ POINTS = [
     1e4,
     -1e4,
 ]
+# Near |x| = 1, for asin, atanh and the circle (0.9999999 is 1 - 2**-23 in float32).
+_NEAR_ONE = tuple((p,) for p in (0.0, 1e-30, -1e-8, 0.3, -0.5, 0.9, 0.999, -0.999, 0.99999, -0.9999999, 0.9999999))
 # Pairs for two-input cases.
 PAIR_VALUES = [0.0, 1e-30, -1e-8, 0.5, -3.0, 20.0, -50.0, 100.0, 1e4]
 PAIRS = [(a, b) for a in PAIR_VALUES for b in PAIR_VALUES]
@@ -161,6 +163,58 @@ CASES = [
     # (its gradient was inf*0 = nan from x = 89 in float32, where naive autograd is right:
     # stable._expm1_partner; a third accuracy hunt)
     Case("one_minus_exp_over_x", "(1 - exp(-x))/x", lambda x: mpmath.mpf(1) if x == 0 else -mpmath.expm1(-x) / x),
+    # (x/(1 - exp(-x)): its gradient -(x - expm1(x))/(4*sinh(x/2)**2) was inf/inf = nan from
+    # x = 89 in float32, where naive autograd is right, and its second derivative 0 from x =
+    # 20: stable._expm1_partner meets expm1(u) with sinh(u/2)**-2, and a Removable's
+    # derivative is rewritten as any derivative is; a third accuracy hunt)
+    Case(
+        "x_over_one_minus_exp",
+        "x/(1 - exp(-x))",
+        lambda x: mpmath.mpf(1) if x == 0 else -x / mpmath.expm1(-x),
+        points=tuple((p,) for p in POINTS + [88.0, -88.0, 700.0, -700.0]),
+    ),
+    # log(tanh(x)) rounded to 0 from x = 9 in float32, where it is about -2*exp(-2x)
+    # (stable._rule_log; a third accuracy hunt)
+    Case("log_tanh", "log(tanh(x))", lambda x: mpmath.log(mpmath.tanh(x)), where=lambda x: x > 0),
+    # 1 - x**2 kept the square's rounding near |x| = 1 (56 float32 ulps at x = 0.999), and so
+    # did asin's, acos's and atanh's derivatives and the circle sqrt(1 - x**2), as torch's
+    # own asin backward does (stable._rule_difference_of_squares; a third accuracy hunt)
+    Case(
+        "asin",
+        "asin(x)",
+        mpmath.asin,
+        kernel=torch.asin,
+        where=lambda x: abs(x) < 1,
+        points=_NEAR_ONE,
+    ),
+    Case("atanh", "atanh(x)", mpmath.atanh, kernel=torch.atanh, where=lambda x: abs(x) < 1, points=_NEAR_ONE),
+    Case("circle", "sqrt(1 - x**2)", lambda x: mpmath.sqrt(1 - x**2), where=lambda x: abs(x) < 1, points=_NEAR_ONE),
+    # log(exp(x) - exp(y)) (log-diff-exp) was inf or nan where the exps overflow, and its
+    # gradients inf/inf (stable._rule_log, _rule_exp_difference_ratio; README's open list)
+    Case(
+        "log_diff_exp",
+        "log(exp(x) - exp(y))",
+        lambda x, y: mpmath.log(mpmath.exp(x) - mpmath.exp(y)),
+        inputs=("x", "y"),
+        # (and not within 1e-20: the reference's derivative steps by 1e-30 at 0, past x)
+        where=lambda x, y: x - y > 1e-20,
+        domain={"x": (1.0, 2.0), "y": (-2.0, -1.0)},
+    ),
+    # Two sigmoids a number apart (stable._rule_sigmoid_difference): softclip's gradient
+    # sigmoid(x) - sigmoid(x - 1) was 0 in float32 from x = 17 (a third accuracy hunt), and
+    # the bump between two of them likewise (0 from x = 18, where it is 4e-8).
+    Case(
+        "softclip",
+        "log(1+exp(x)) - log(1+exp(x-1))",
+        lambda x: mpmath.log(1 + mpmath.exp(x)) - mpmath.log(1 + mpmath.exp(x - 1)),
+    ),
+    Case(
+        "sigmoid_bump",
+        "1/(1+exp(-x-1)) - 1/(1+exp(1-x))",
+        lambda x: 1 / (1 + mpmath.exp(-x - 1)) - 1 / (1 + mpmath.exp(1 - x)),
+        # (not near 0, its gradient's zero, where the gradient's two terms cancel)
+        where=lambda x: abs(x) >= 0.3,
+    ),
     # LiSHT: its second derivative with --save speed, -(2*x*sinh(x) - 2*cosh(x))/cosh(x)**3,
     # was inf/inf = nan from |x| = 90 in float32 (stable._cosh_power_sums; an accuracy hunt)
     Case("lisht", "x*tanh(x)", lambda x: x * mpmath.tanh(x)),
@@ -173,8 +227,8 @@ CASES = [
         lambda x, y: mpmath.acosh(1 + 2 * (x - y) ** 2 / ((1 - x**2) * (1 - y**2))),
         inputs=("x", "y"),
         domain={"x": (0.1, 0.5), "y": (-0.5, -0.1)},  # (away from x = y, where it has a kink)
-        # (not near |x| = 1, where 1 - x**2 rounds as written: README, "What is still wrong")
-        points=((1e-30, 0.0), (1e-8, -1e-8), (0.3, 0.3001), (0.5, -0.5), (-0.9, 0.2), (1e-4, 0.7)),
+        # (near |x| = 1 too, where 1 - x**2 rounded as written: stable._rule_difference_of_squares)
+        points=((1e-30, 0.0), (1e-8, -1e-8), (0.3, 0.3001), (0.5, -0.5), (-0.9, 0.2), (1e-4, 0.7), (0.999, -0.5), (0.3, -0.9999)),
     ),
     Case("langevin", "1/tanh(x) - 1/x", _langevin),
     Case(
@@ -236,6 +290,11 @@ CASES = [
     # sinh overflows from x = 89 in float32, and the log was inf there (the von Mises-Fisher
     # log-normaliser log(k) - log(sinh(k)) -inf; an accuracy hunt): stable_functions.log_sinh.
     Case("log_sinh", "log(sinh(x))", lambda x: mpmath.log(mpmath.sinh(x)), where=lambda x: x > 0),
+    # ... and in a ratio or a power: log(x/sinh(x)) (the von Mises-Fisher log-normaliser
+    # log(k/sinh(k))) and log(sinh(x)**2) were -inf from |x| = 89 in float32
+    # (stable._log_sinh_ratio; a third accuracy hunt)
+    Case("log_x_over_sinh", "log(x/sinh(x))", lambda x: mpmath.mpf(0) if x == 0 else mpmath.log(x / mpmath.sinh(x))),
+    Case("log_sinh_squared", "log(sinh(x)**2)", lambda x: 2 * mpmath.log(abs(mpmath.sinh(x))), where=lambda x: x != 0),
     # Found by an accuracy hunt over hand-written formulas: asinh by its definition cancels for
     # x < 0 (-inf from x = -4096 in float32, 0 at -1e-30); stable._asinh_argument.
     Case("asinh_log", "log(x+sqrt(x**2+1))", mpmath.asinh, kernel=torch.asinh),
@@ -832,6 +891,20 @@ EQUALITY_EXPRS = [
     2 * sf.softplus(X - 1) + (Y - 3) * (X - 1) + X,
     sf.sigmoid(X) - Y,
     3 * sf.sigmoid(X * Y) + sympy.sin(Y) + X,
+    1 - X**2,
+    4 - 9 * (X - Y) ** 2,
+    X**4 / 4 - 4,
+    1 / sympy.sqrt(1 - X**2 / 9),
+    sympy.log(sympy.tanh(X * Y)),
+    sympy.log(-3 * sympy.tanh(X)),
+    sympy.diff(X / (1 - sympy.exp(-X)), X),
+    sympy.diff(X / (1 - sympy.exp(-X)), X, 2),
+    sf.sigmoid(X) - sf.sigmoid(X - 1) + Y,
+    sympy.log(3 * X / sympy.sinh(X)),
+    sympy.log(sympy.sinh(X - Y) ** 2),
+    sympy.log(2 * sympy.exp(X) - 2 * sympy.exp(-Y**2)),
+    sympy.diff(sympy.log(sympy.exp(X) - sympy.exp(Y)), X, Y),
+    3 * sf.sigmoid(2 - X * Y) - 3 * sf.sigmoid(-X * Y - 1),
 ]
 PIECEWISE_EXPRS = [e for e in EQUALITY_EXPRS if e.has(sympy.Piecewise)]
 
@@ -1822,14 +1895,16 @@ _NORMAL_TAIL_CASES = ("log_ndtr", "log_erfc", "log_one_plus_erf")
 # default mode, 0 at |x| = 20 where it is -6.5e-16 (autograd's 1 - y**2 for tanh's
 # derivative; the probe accepts its 2.6% error there, derive._SECOND_DERIVATIVE_MAX_ERROR),
 # as naive autograd's is. Its --save speed second derivative is exact.
-_SECOND_DERIVATIVE_GAPS = {("lisht", "memory")}
+# log(x/sinh(x))'s, 2.8e-4 off at x = 1e4 in float32 (autograd's quotient rule on its
+# gradient -(x/tanh(x) - 1)/x cancels; the probe accepts it), as before its value was fixed.
+_SECOND_DERIVATIVE_GAPS = {("lisht", "memory"), ("log_x_over_sinh", "memory"), ("log_x_over_sinh", "speed")}
 
 
 # The one-input cases whose fused modules get plan.SecondDerivative: autograd's derivative of
 # their create_graph formula is 0 or nan somewhere the math is finite.
 _SECOND_DERIVATIVE_FUNCTION_CASES = [
     "softplus", "softplus_neg", "silu", "silu_simplified", "mish", "logsigmoid", "pseudo_huber",
-    "pseudo_huber_scaled", "logcosh", "softplus_inverse", "log1mexp", "bernoulli",
+    "pseudo_huber_scaled", "logcosh", "softplus_inverse", "log1mexp", "bernoulli", "x_over_one_minus_exp",
 ]
 
 
@@ -2144,7 +2219,10 @@ def test_second_derivative_function_with_broadcast_and_piecewise_constant_inputs
 # Two-input cases whose double backward was inexact (a survey: logaddexp's was 0 at
 # (-100, -20) in float32, truth -1.8e-35; hypot's 0.7% off at (-100, -0.3)), checked over
 # PAIRS. (softmax3's is not: no symbolic form passes the probe there, README.)
-_TWO_INPUT_SECOND_DERIVATIVE_CASES = ["logaddexp", "hypot", "root_minus_x_times_y", "xlogy", "logaddexp_minus_a", "logsumexp_with_one", "vae_kl", "bce_logits"]
+_TWO_INPUT_SECOND_DERIVATIVE_CASES = [
+    "logaddexp", "hypot", "root_minus_x_times_y", "xlogy", "logaddexp_minus_a", "logsumexp_with_one", "vae_kl", "bce_logits",
+    "log_diff_exp",
+]
 
 
 @pytest.mark.parametrize("save", ["memory", "speed"])
@@ -2174,6 +2252,125 @@ def test_two_input_second_derivatives_match_exact_math(name, dtype, save, gen_di
                     if abs(want) <= torch.finfo(dtype).max and rel_error(got, want, dtype) > SECOND_DERIVATIVE_RTOL[dtype]:
                         bad.append((point, (i, j), got, float(want)))
     assert not bad, f"{name} ({save}, {dtype}): off at {bad} ({len(bad)} entries)"
+
+
+def test_a_difference_of_squares_is_factored():
+    """stable._difference_of_squares: c + k*u**2 with numbers of opposite signs and a root
+    of -c/k that is a dyadic rational, for any even power of u; not otherwise, and not
+    before _rule_log has made log(1 - x**2) log1p(-x**2), exact near 0 (found in review)."""
+    x, y = X, Y
+    assert stabilize(1 - x**2) == (1 - x) * (1 + x)
+    assert stabilize(x**2 - 1) == (x - 1) * (x + 1)
+    half = sympy.Rational(3, 2)
+    assert stabilize(9 - 4 * y**2) == sympy.Mul(4, half - y, half + y)
+    assert stabilize(1 - x**4) == (1 - x) * (1 + x) * (1 + x**2)
+    assert stabilize(1 / sympy.sqrt(1 - x**2)) == 1 / sympy.sqrt((1 - x) * (1 + x))
+    assert stabilize(sympy.log(1 - x**2)) == log1p(-(x**2))
+    # (1/3 rounds: 1 - 9*x**2 as (1/3 - x)*(1/3 + x) was 0 in float32 at x = 1/3; in review)
+    for unchanged in (2 - x**2, 1 + x**2, 1 - x**3, 1 - x**2 - y**2, 1 - x**y, 1 - 9 * x**2):
+        assert stabilize(unchanged) == unchanged, unchanged
+
+
+def test_a_difference_of_squares_gets_exact_second_derivatives(gen_dir, device):
+    """autograd's product rule on (1 - x)*(1 + x) cancels near 0, so a formula with it gets
+    the second-derivative Function, whose derivatives are simplified first
+    (stable.has_difference_of_squares): asin's second derivative was 0 at x = 1e-8 in
+    float32 and 1.7% off at 1e-6 (found in review)."""
+    points = [1e-30, 1e-8, -1e-6, 1e-4, 0.3, -0.999, 0.9999999]
+    cases = [
+        Case("dsq_asin", "asin(x)", mpmath.asin),
+        Case("dsq_atanh", "atanh(x)", mpmath.atanh),
+        Case("dsq_x_circle", "x*sqrt(1 - x**2)", lambda x: x * mpmath.sqrt(1 - x**2)),
+    ]
+    for case in cases:
+        for save in ("memory", "speed"):
+            module = load(case, gen_dir, save=save)
+            for dtype in (torch.float32, torch.float64):
+                x = torch.tensor(points, dtype=dtype, device=device, requires_grad=True)
+                (grad,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
+                (second,) = torch.autograd.grad(grad.sum(), x)
+                for point, got in zip(x.tolist(), second.tolist()):
+                    with mpmath.workdps(60):
+                        want = mpmath.diff(case.exact, mpmath.mpf(point), 2)
+                    assert rel_error(got, want, dtype) < SECOND_DERIVATIVE_RTOL[dtype], (case.expr, save, dtype, point, got, want)
+
+
+def test_the_log_of_a_tanh_becomes_minus_log1p_of_coth_minus_one():
+    """stable._rule_log: log(c*tanh(u)) -> log(|c|) - log1p(2/expm1(2v)), v = +-u."""
+    x = X
+    assert stabilize(sympy.log(sympy.tanh(x))) == -log1p(2 / expm1(2 * x))
+    assert stabilize(sympy.log(-3 * sympy.tanh(x))) == sympy.log(3) - log1p(2 / expm1(-2 * x))
+
+
+def test_the_log_of_a_sinh_ratio_or_power_splits_off_log_sinh():
+    """stable._log_sinh_ratio: log(c*u**m*sinh(u)**k) -> k*log_sinh(|u|) for an even k
+    without u**m, and a where on |u| < 1 with one (below it the product whole, with its
+    series at 0); not where the product can be negative for some sign of u."""
+    x, y = X, Y
+    assert stabilize(sympy.log(sympy.sinh(x) ** 2)) == 2 * sf.log_sinh(sympy.Abs(x))
+    assert stabilize(sympy.log(-sympy.sinh(x) ** 3 / 2)) == 3 * sf.log_sinh(-x) - sympy.log(2)
+    for ratio, large in (
+        (x / sympy.sinh(x), sympy.log(sympy.Abs(x)) - sf.log_sinh(sympy.Abs(x))),
+        (x * y / (4 * sympy.pi * sympy.sinh(x * y)), sympy.log(sympy.Abs(x * y)) - sf.log_sinh(sympy.Abs(x * y)) - sympy.log(4 * sympy.pi)),
+        (2 * x / sympy.sinh(2 * x), sympy.log(sympy.Abs(2 * x)) - sf.log_sinh(sympy.Abs(2 * x))),
+    ):
+        rewritten = stabilize(sympy.log(ratio))
+        (branches,) = [p for p in sympy.preorder_traversal(rewritten) if isinstance(p, sympy.Piecewise)]
+        assert len(branches.args) == 2
+        above = branches.args[1][0].replace(lambda node: isinstance(node, sf.guard), lambda node: node.args[0])
+        assert sympy.expand(sympy.expand_log(above - large, force=True)) == 0, above
+    for unchanged in (sympy.log(x**2 * sympy.sinh(x)), sympy.log(-x / sympy.sinh(x)), sympy.log(x / sympy.sinh(y))):
+        assert not stabilize(unchanged).has(sympy.Piecewise, sf.log_sinh), unchanged
+
+
+def test_the_log_of_a_difference_of_exponentials_and_its_ratios():
+    """stable._rule_log: log(p*exp(a) - p*exp(b)) -> log(p) + a + log1mexp(b - a);
+    _rule_exp_difference_ratio: exp(c)*(exp(a) - exp(b))**-k -> exp(c - k*a)*(-expm1(b -
+    a))**-k only where c - k*a is 0 or b - a, whose quotients are bounded on both sides of
+    a = b (exp(2*y)/(exp(x) - exp(y))**2 as exp(2*(y - x))/expm1(y - x)**2 was nan at (-100,
+    0) in float32; found in review)."""
+    x, y = X, Y
+    e = sympy.exp
+    assert stabilize(sympy.log(3 * e(x) - 3 * e(y))) == sympy.log(3) + x + sf.log1mexp(y - x)
+    assert stabilize(e(x) / (e(x) - e(y))) == -1 / expm1(y - x)
+    assert stabilize(e(y) / (e(x) - e(y))) == 1 / expm1(x - y)
+    assert stabilize(e(x + y) / (e(x) - e(y)) ** 2) == -1 / (expm1(y - x) * expm1(x - y))
+    for unchanged in (e(2 * y) / (e(x) - e(y)) ** 2, 1 / (e(x) - e(y)) ** 2, e(y) / (e(x) - e(y)) ** 3):
+        assert stabilize(unchanged) == unchanged, unchanged
+    assert stabilize(sympy.log(e(x) - 2 * e(y))) == sympy.log(e(x) - 2 * e(y))
+
+
+def test_two_sigmoids_a_number_apart_become_a_product():
+    """stable._rule_sigmoid_difference: c*sigmoid(a) - c*sigmoid(b), b - a a number d < 0, is
+    -c*expm1(d)*sigmoid(a)*sigmoid(-b) (for d > 0, a and b swapped); not for a gap that
+    varies, nor other coefficients."""
+    x = X
+    s = sf.sigmoid
+    assert stabilize(s(x) - s(x - 1)) == -expm1(-1) * s(x) * s(1 - x)
+    # (a positive gap: a and b swap, so that |expm1| < 1; as -expm1(100) the product
+    # overflowed, nan at every x, found in review)
+    assert stabilize(2 * s(x - 1) - 2 * s(x)) == 2 * expm1(-1) * s(x) * s(1 - x)
+    assert stabilize(s(x) - s(x + 100)) == expm1(-100) * s(-x) * s(x + 100)
+    for unchanged in (s(x) - s(x**2), s(x) - 2 * s(x - 1), s(x) + s(x - 1), s(x) - s(2 * x)):
+        assert stabilize(unchanged) == unchanged, unchanged
+
+
+def test_expm1_meets_the_square_of_a_half_sinh():
+    """stable._expm1_partner: expm1(u)/sinh(u/2)**2 is -4/expm1(-u); x/(1 - exp(-x))'s
+    gradient, (expm1(x) - x)/(4*sinh(x/2)**2), was inf/inf = nan from x = 89 in float32."""
+    x = X
+    gradient = (expm1(x) - x) / (4 * sympy.sinh(x / 2) ** 2)
+    assert stable._expm1_partners(gradient) == -x / (4 * sympy.sinh(x / 2) ** 2) - 1 / expm1(-x)
+
+
+def test_a_removable_singularitys_derivative_is_rewritten_as_every_derivative_is():
+    """Removable.fdiff rewrites its closed form's derivative (stable.stable_closed_form): it
+    is printed away from 0, and double backward differentiates it. x/(1 - exp(-x))'s second
+    derivative had exp(-x)/expm1(-x)**2 in it, inf/inf = nan from x = -89 in float32."""
+    x = X
+    (gradient,) = [t for t in sympy.preorder_traversal(stabilize(sympy.diff(x / (1 - sympy.exp(-x)), x))) if isinstance(t, sf.Removable)]
+    second = type(gradient.diff(x)).closed
+    assert not any(isinstance(node, sympy.exp) for node in sympy.preorder_traversal(second)), second
 
 
 def test_the_log_of_a_sinh_becomes_log_sinh():
