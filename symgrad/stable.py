@@ -626,7 +626,7 @@ def _rule_log(node: sympy.Expr):
         return sympy.log(abs(scale)) + log_sinh(call.args[0] if scale.is_positive else -call.args[0])
     if isinstance(call, sympy.tanh) and scale.is_nonzero and not call.args[0].has(sympy.Piecewise):
         # log(tanh(u)), real for u > 0: tanh rounds to 1, and the log, about -2*exp(-2u),
-        # was 2e-4 off in float32 at u = 5 and 0 from u = 9 (found by an accuracy hunt).
+        # was 2e-4 off in float32 at u = 5, 96% at 9 and 0 above (found by an accuracy hunt).
         # 1/tanh(u) = 1 + 2/expm1(2u), with nothing to cancel at any u > 0.
         v = _expand(2 * (call.args[0] if scale.is_positive else -call.args[0]))
         return sympy.log(abs(scale)) - log1p(2 / expm1(v))
@@ -954,11 +954,13 @@ def _log_sinh_ratio(arg: sympy.Expr) -> sympy.Expr | None:
 
     - Without u**m: ``log(|c|) + k*log_sinh(|u|)`` for an even k, ``k*log_sinh(+-u)`` for an
       odd one (real where c*sinh(u)**k > 0), everywhere: nothing cancels.
-    - With it, where the product is positive for either sign of u (m + k even, c > 0): above
-      |u| = 1 ``log(c) + m*log(|u|) + k*log_sinh(|u|)``, below ``log1p(c*u**m*sinh(u)**k -
-      1)``, the product whole as written: near 0 the split terms cancel, and its removable
-      singularity at 0 gets its series. The condition is two linear bounds, as in
-      _log_cosh, so that the branches are guarded.
+    - With it, for m = +-k and c > 0 (the product positive for either sign of u): ``log(c) +
+      m*log(|u|) + k*log_sinh(|u|)``, everywhere for m = k, whose terms have one sign; for
+      m = -k (``u/sinh(u)``) only above |u| = 1, and below ``log1p(c*u**m*sinh(u)**k - 1)``,
+      the product whole, near 1 there: the split terms would cancel near 0, and its
+      removable singularity at 0 gets its series. (That form for m = k, whose product is
+      near 0 there, was -inf at x = 1e-4 for log(x*sinh(x)); found in review.) The
+      condition is two linear bounds, as in _log_cosh, so that the branches are guarded.
     """
     factors = sympy.Mul.make_args(arg)
     calls = [f for f in factors if isinstance(f.as_base_exp()[0], sympy.sinh)]
@@ -970,25 +972,25 @@ def _log_sinh_ratio(arg: sympy.Expr) -> sympy.Expr | None:
         return None
     c = sympy.Mul(*(f for f in factors if f.is_number))
     others = sympy.Mul(*(f for f in factors if not f.is_number and f is not calls[0]))
-    if others == 1 and c.is_nonzero:
+    if others == 1 and (c.is_positive or c.is_negative and k % 2 == 1):
         # log(sinh(u)**2): nothing to cancel (an odd power, as log(c*sinh(u)) above, where
-        # c*sinh(u) > 0)
+        # c*sinh(u) > 0; an even one times c < 0 is never real)
         return sympy.log(abs(c)) + k * log_sinh(sympy.Abs(u) if k % 2 == 0 else u if c.is_positive else -u)
     # (x*y/sinh(x*y): the other factors are a number times a power of u, 2*x/sinh(2*x) too)
-    m = next((m for m in (-k, k, -k - 2, -k + 2) if m != 0 and (others / u**m).is_number), None)
+    m = next((m for m in (-k, k) if (others / u**m).is_number), None)
     if m is None or not (c * others / u**m).is_positive:
         return None
     c, magnitude = c * others / u**m, sympy.Abs(u)
+    split = sympy.log(c) + m * sympy.log(magnitude) + k * log_sinh(magnitude)
+    if m == k:
+        return split  # (log(x*sinh(x)): the terms have one sign, and nothing cancels near 0)
     small = log1p(arg - 1)
     if len(small.free_symbols) == 1:
         # (its series at 0 here: _removable_singularities does not look inside a Piecewise)
         (symbol,) = small.free_symbols
         made = removable(small, symbol)
         small = made(symbol) if made is not None else small
-    return sympy.Piecewise(
-        (small, (u > -1) & (u < 1)),
-        (sympy.log(c) + m * sympy.log(magnitude) + k * log_sinh(magnitude), True),
-    )
+    return sympy.Piecewise((small, (u > -1) & (u < 1)), (split, True))
 
 
 def _size(e: sympy.Expr) -> int:
@@ -1436,6 +1438,7 @@ def _rule_exp_difference_ratio(node: sympy.Expr):
             return rest * sympy.exp(left) * (-p * expm1(_expand(b - a))) ** k
     return None
 
+
 def _rule_sinh_over_cosh(node: sympy.Expr):
     """``sinh(u)**a*cosh(u)**-b`` -> ``tanh(u)**k*sinh(u)**(a - k)*cosh(u)**(k - b)``, with
     k = min(a, b): sinh(x/2)/cosh(x/2)**3, sigmoid's second derivative as SymPy simplifies
@@ -1555,14 +1558,17 @@ def _rule_acosh_near_one(node: sympy.Expr):
 
 
 def _difference_of_squares(node: sympy.Add):
-    """``c + k*u**2`` -> ``-k*(r - u)*(r + u)`` (or ``k*(u - r)*(u + r)``) for numbers of
-    opposite signs with ``r = sqrt(-c/k)`` rational with a power of 2 for its denominator
-    (``1 - x**2`` -> ``(1 - x)*(1 + x)``): near ``|u| = r`` the square's rounding is left in
-    the difference, 56 float32 ulps at x = 0.999 in ``1 - x**2``, while ``r - u`` is exact
-    there. asin's and atanh's derivatives ``1/sqrt(1 - x**2)`` and ``1/(1 - x**2)``, acosh's
-    ``1/sqrt(x**2 - 1)`` and the unit circle ``sqrt(1 - x**2)`` have it (found by an accuracy
-    hunt; torch's own asin backward squares). (Even powers too: ``1 - x**4`` is ``(1 -
-    x**2)*(1 + x**2)``, and the first factor splits again.)
+    """``c + k*u**2`` -> ``-k*(r - u)*(r + u)`` for numbers c > 0 > k with ``r = sqrt(-c/k)``
+    rational with a power of 2 for its denominator (``1 - x**2`` -> ``(1 - x)*(1 + x)``):
+    near ``|u| = r`` the square's rounding is left in the difference, 56 float32 ulps at x =
+    0.999 in ``1 - x**2``, while ``r - u`` is exact there. asin's, acos's and atanh's
+    derivatives ``1/sqrt(1 - x**2)`` and ``1/(1 - x**2)`` and the unit circle ``sqrt(1 -
+    x**2)`` have it (found by an accuracy hunt; torch's own asin backward squares). (Even
+    powers too: ``1 - x**4`` is ``(1 - x**2)*(1 + x**2)``, and the first factor splits
+    again. Not ``u**2 - c``, defined on both sides of its roots, whose second-derivative
+    Function, below, overflowed at large u where autograd's derivative was right: x/(x**2 -
+    1)'s at x = 3e6 in float32; found in review. SymPy writes acosh's derivative with
+    sqrt(x - 1)*sqrt(x + 1) itself.)
 
     A pass after the rules, which would otherwise split ``log(1 - x**2)``'s argument before
     _rule_log makes it ``log1p(-x**2)``, exact near 0 (found in review). Not for an r that
@@ -1574,7 +1580,7 @@ def _difference_of_squares(node: sympy.Add):
         return None
     c, term = node.as_coeff_Add()
     k, power = term.as_coeff_Mul()
-    if c == 0 or not (c.is_Rational and k.is_Rational) or (c > 0) == (k > 0) or not power.is_Pow:
+    if not (c.is_Rational and k.is_Rational and c > 0 and k < 0 and power.is_Pow):
         return None
     base, exponent = power.as_base_exp()
     if not (exponent.is_Integer and exponent > 0 and exponent % 2 == 0):
@@ -1583,7 +1589,7 @@ def _difference_of_squares(node: sympy.Add):
     if not (r.is_Rational and sympy.Integer(r.q) & (r.q - 1) == 0):
         return None
     u = base ** (exponent // 2)
-    factored = sympy.Mul(k, u - r, u + r) if k > 0 else sympy.Mul(-k, r - u, r + u)
+    factored = sympy.Mul(-k, r - u, r + u)
     # (1 - x**4: the first factor splits again)
     return factored.func(*(_difference_of_squares(f) or f if f.is_Add else f for f in factored.args))
 
@@ -1596,15 +1602,13 @@ def has_difference_of_squares(expr: sympy.Expr) -> bool:
             # (powers of them too: atanh's 1/((1 - x)*(1 + x)) is a product of two)
             sums = [f.as_base_exp()[0] for f in node.args if f.as_base_exp()[0].is_Add]
             for first, second in itertools.combinations(sums, 2):
-                # ((r - u) + (r + u) is 2r, (u - r) - (u + r) is -2r; u without a number term,
-                # as _difference_of_squares writes it: not the user's (x + 1)*(x + 2))
+                # ((r - u) + (r + u) is 2r, and u has no number term, as _difference_of_squares
+                # writes them: not the user's (x + 1)*(x + 2))
                 total, gap = first + second, first - second
-                if total.is_number == gap.is_number:
-                    continue
-                r, u = (total, gap) if total.is_number else (gap, total)
-                if r != 0 and u.as_coeff_Add()[0] == 0:
+                if total.is_number and total.is_positive and not gap.is_number and gap.as_coeff_Add()[0] == 0:
                     return True
     return False
+
 
 def _rule_sigmoid_difference(node: sympy.Expr):
     """``c*sigmoid(a) - c*sigmoid(b)`` with ``b - a`` a number d < 0 -> ``-c*expm1(d)*
@@ -1627,6 +1631,7 @@ def _rule_sigmoid_difference(node: sympy.Expr):
                 return rest - c * expm1(gap) * f * sigmoid(_expand(-b))
             return rest + c * expm1(-gap) * g * sigmoid(_expand(-a))
     return None
+
 
 _RULES = (
     _rule_acosh_near_one,
