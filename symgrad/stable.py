@@ -620,17 +620,13 @@ def _rule_log(node: sympy.Expr):
         # log(1 - exp(u)): as log(-expm1(u)) it is 0 in float32 from u = -17, where it is
         # about -exp(u) (found by an accuracy hunt)
         return sympy.log(-scale) + log1mexp(call.args[0])
-    if isinstance(call, sympy.sinh) and scale.is_nonzero and not call.args[0].has(sympy.Piecewise):
-        # log(sinh(u)), real for u > 0 (for -sinh(u), u < 0): sinh overflows from u = 89
-        # in float32, where the log is u - log(2) (stable_functions.log_sinh)
-        return sympy.log(abs(scale)) + log_sinh(call.args[0] if scale.is_positive else -call.args[0])
     if isinstance(call, sympy.tanh) and scale.is_nonzero and not call.args[0].has(sympy.Piecewise):
         # log(tanh(u)), real for u > 0: tanh rounds to 1, and the log, about -2*exp(-2u),
         # was 2e-4 off in float32 at u = 5, 96% at 9 and 0 above (found by an accuracy hunt).
         # 1/tanh(u) = 1 + 2/expm1(2u), with nothing to cancel at any u > 0.
         v = _expand(2 * (call.args[0] if scale.is_positive else -call.args[0]))
         return sympy.log(abs(scale)) - log1p(2 / expm1(v))
-    sinh_ratio = _log_sinh_ratio(arg)
+    sinh_ratio = _log_sinh_ratio(arg)  # (log(sinh(u)) itself too)
     if sinh_ratio is not None:
         return sinh_ratio
     difference = _exp_difference(arg)
@@ -948,12 +944,14 @@ def _log_cosh(u: sympy.Expr) -> sympy.Expr:
 
 def _log_sinh_ratio(arg: sympy.Expr) -> sympy.Expr | None:
     """``log(c*u**m*sinh(u)**k)`` for a number c and integers m and k, else None. As written
-    sinh overflows from |u| = 89 in float32: ``log(x/sinh(x))`` (``log(k/sinh(k))``, the von
-    Mises-Fisher log-normaliser) and ``log(sinh(x)**2)`` were -inf there (found by an
-    accuracy hunt).
+    sinh overflows from |u| = 89 in float32, where the log of sinh(u) is u - log(2)
+    (stable_functions.log_sinh): ``log(k) - log(sinh(k))``, ``log(x/sinh(x))`` (the von
+    Mises-Fisher log-normaliser) and ``log(sinh(x)**2)`` were -inf there (found by accuracy
+    hunts).
 
     - Without u**m: ``log(|c|) + k*log_sinh(|u|)`` for an even k, ``k*log_sinh(+-u)`` for an
-      odd one (real where c*sinh(u)**k > 0), everywhere: nothing cancels.
+      odd one (real where c*sinh(u)**k > 0: ``log(sinh(u))`` for u > 0, ``log(-sinh(u))``
+      for u < 0), everywhere: nothing cancels.
     - With it, for m = +-k and c > 0 (the product positive for either sign of u): ``log(c) +
       m*log(|u|) + k*log_sinh(|u|)``, everywhere for m = k, whose terms have one sign; for
       m = -k (``u/sinh(u)``) only above |u| = 1, and below ``log1p(c*u**m*sinh(u)**k - 1)``,
@@ -973,8 +971,7 @@ def _log_sinh_ratio(arg: sympy.Expr) -> sympy.Expr | None:
     c = sympy.Mul(*(f for f in factors if f.is_number))
     others = sympy.Mul(*(f for f in factors if not f.is_number and f is not calls[0]))
     if others == 1 and (c.is_positive or c.is_negative and k % 2 == 1):
-        # log(sinh(u)**2): nothing to cancel (an odd power, as log(c*sinh(u)) above, where
-        # c*sinh(u) > 0; an even one times c < 0 is never real)
+        # (an even power times c < 0 is never real)
         return sympy.log(abs(c)) + k * log_sinh(sympy.Abs(u) if k % 2 == 0 else u if c.is_positive else -u)
     # (x*y/sinh(x*y): the other factors are a number times a power of u, 2*x/sinh(2*x) too)
     m = next((m for m in (-k, k) if (others / u**m).is_number), None)
@@ -1621,7 +1618,7 @@ def _rule_sigmoid_difference(node: sympy.Expr):
     that varies, whose sign is unknown.)"""
     if not node.is_Add:
         return None
-    sigmoids = [(t, *t.as_coeff_Mul()) for t in node.args if isinstance(t.as_coeff_Mul()[1], sigmoid)]
+    sigmoids = [(t, c, f) for t in node.args for c, f in [t.as_coeff_Mul()] if isinstance(f, sigmoid)]
     for (term, c, f), (other, k, g) in itertools.permutations(sigmoids, 2):
         a, b = f.args[0], g.args[0]
         gap = _expand(b - a)
