@@ -18,7 +18,7 @@ from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .probe import FLOAT64_MAX, PROBE_FAILURES, moderate, probe_code, real_only, wrap_probe_calls
-from .stable import has_difference_of_squares, real_abs_powers, stabilize
+from .stable import has_difference_of_squares, has_offset_quotient, real_abs_powers, stabilize
 from .stable_functions import TaylorPolynomial, expand_functions, hypot_plus, sigmoid, softplus, to_elementary
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
@@ -303,10 +303,11 @@ def autograd_loses_second_derivatives(
         # 1), has x-derivative y*(r/h**2 + x*r/h**3), 5e-4 off at x = -50 in float32, while
         # its symbolic form y*r*hypot_plus(x, 1)/h**3 (stable._hypot_sum) is exact.
         return True
-    if has_difference_of_squares(formula):
+    if has_difference_of_squares(formula) or has_offset_quotient(formula):
         # (1 - x)*(1 + x) (stable._difference_of_squares): autograd's product rule computes
         # its derivative as (1 - x) - (1 + x), which cancels near 0, where the probes' points
-        # do not reach: asin's second derivative was 0 at x = 1e-8 in float32 (found in review)
+        # do not reach: asin's second derivative was 0 at x = 1e-8 in float32 (found in review);
+        # and x/(1 + x)'s quotient rule cancels at large x, beyond their reach
         return True
     # (fixed first: a param is never differentiated, and as a number it folds)
     printed = _as_autograd_differentiates(formula.xreplace(fixed))
@@ -343,10 +344,11 @@ def exact_second_derivatives(
         # stable forms (sigmoid's into sigmoid(u)*sigmoid(-u)), and it costs no simplify (a
         # second each for two symbols). Then the simplified exact derivative.
         candidates = (lambda: _differentiate(gradient, symbol), lambda: cheapest_form(exact))
-        if has_difference_of_squares(gradient):
+        if has_difference_of_squares(gradient) or has_offset_quotient(gradient):
             # (The product rule on (1 - x)*(1 + x) is as symbolic as autograd's: atanh's
             # 1/((1 - x)*(1 + x)) differentiates into 1/(1 - x) - 1/(1 + x) over it, which
-            # cancels near 0, beyond the probes' reach; simplified, 2*x/(1 - x**2)**2 does not.)
+            # cancels near 0, beyond the probes' reach; simplified, 2*x/(1 - x**2)**2 does not.
+            # Likewise -x/(1 + x)'s -1/(1 + x) + x/(1 + x)**2 at large x, and -1/(1 + x)**2.)
             candidates = candidates[::-1]
         for differentiate in candidates:
             used: set[str] = set()

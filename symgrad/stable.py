@@ -25,8 +25,13 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    - sums: ``c - c*tanh(u)**2`` -> ``c/cosh(u)**2``; ``c + c*tanh(u)`` -> ``2c*sigmoid(2u)``;
      ``c + c*erf(u)`` -> ``2c*ndtr(sqrt(2)*u)`` (SymPy turns ``erfc(-u)`` back into
      ``2 - erfc(u)``, which cancels); ``c - c*sigmoid(u)`` -> ``c*sigmoid(-u)``;
-     ``u - softplus(u)`` -> ``-softplus(-u)``; ``sigmoid(u) + sigmoid(-u)`` -> ``1``;
-     ``c*sigmoid(a) - c*sigmoid(b)``, a number apart, -> a product (_rule_sigmoid_difference).
+     ``u - softplus(u)`` -> ``-softplus(-u)``; ``sigmoid(u) + sigmoid(-u)`` -> ``1``,
+     ``sigmoid(u) - sigmoid(-u)`` -> ``tanh(u/2)``; ``c/tanh(u) - c`` -> ``2c/expm1(2u)``;
+     ``c/(a + v) - c/a`` -> ``-c*v/(a*(a + v))``; ``v + softplus(-2v) - log(2)`` ->
+     ``log(cosh(v))``; (a Float equal to a rational counts as it);
+     ``c*sigmoid(a) - c*sigmoid(b)``, a number apart, -> a product (_rule_sigmoid_difference);
+     a power minus its value at 0, ``(a + u)**p - a**p`` -> ``u*Q(u)`` or
+     ``a**p*expm1(p*log1p(u/a))`` (_rule_power_minus_value).
    - ratios of exponentials: a product with a factor ``(p1*exp(a1) + p2*exp(a2))**-k``,
      ``cosh(u)**-k`` or ``sigmoid(u)**k`` (next to an ``exp``) is rewritten term by term as
      ``exp(r) * sigmoid(w)**j * sigmoid(-w)**(k-j)``, with the exponent ``j`` taken from the
@@ -36,7 +41,9 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    - ``exp(a)/(exp(a) + exp(b) + exp(c))`` -> ``exp(-logsumexp(0, b - a, c - a))``
      (softmax; logsumexp as nested ``logaddexp``); ``exp(a)*exp(b)`` -> ``exp(a + b)``;
      ``exp(c - logsumexp(a_i))`` -> ``exp(-logsumexp(a_i - c))``, so the large parts
-     cancel exactly; ``exp(-k*softplus(u))`` -> ``sigmoid(-u)**k``.
+     cancel exactly; ``exp(-k*softplus(u))`` -> ``sigmoid(-u)**k``;
+     ``(1 + exp(v))**k/expm1(v)**k`` -> ``tanh(v/2)**-k`` and ``sigmoid(u)**k/sigmoid(-u)**k``
+     -> ``exp(k*u)`` (_rule_coth_half).
    - ``sqrt(a**2 + b**2)`` (any non-integer power of it, any number of squares, numbers
      included: ``1/sqrt(x**2 + 1)``) -> ``hypot(a, b)``; then ``hypot(a, b) - b`` for a
      positive number ``b`` -> ``hypot_excess(a, b)``, a quotient without the cancellation
@@ -44,7 +51,7 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    - ``x*log(y)`` -> ``xlogy(x, y)`` (finite at ``x = y = 0``).
    - the normal tails: ``log(c*ndtr(u))`` -> ``log(c) + log_ndtr(u)`` (for c = 2, below
      u = -1; ``log1p(erf(u/sqrt(2)))`` above), ``log(c*erfc(u))`` -> the same with
-     ``2c*ndtr(-sqrt(2)*u)``; and (after these rules, _normal_tail_products) a product of
+     ``2c*ndtr(-sqrt(2)*u)``, ``log(c*erf(u))`` -> ``log(c) + log_erf(u)``; and (after these rules, _normal_tail_products) a product of
      ``exp(v)`` with ``erfc(u)**k`` or ``ndtr(u)**k`` (integer k, ``|k| <= 4``) whose
      quadratic cancels -> ``erfcx`` in the tail: ``exp(u**2)*erfc(u)`` -> ``erfcx(u)``,
      ``exp(-u**2/2)/ndtr(u)`` -> ``2/erfcx(-u/sqrt(2))`` for u < 0.
@@ -65,9 +72,10 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    distributed so that they meet (_expm1_partners), and a difference of squares ``1 - x**2``
    -> ``(1 - x)*(1 + x)`` (_difference_of_squares).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
-   ``log1p(x)/x`` and their derivatives): a :func:`~symgrad.stable_functions.removable`
-   function, printed as a Taylor polynomial near 0 and the closed form at a guarded
-   argument elsewhere.
+   ``log1p(x)/x`` and their derivatives), or at a dyadic point where a denominator
+   vanishes (``log(x)/(x - 1)`` at 1): a :func:`~symgrad.stable_functions.removable`
+   function, printed as a Taylor polynomial near that point and the closed form at a
+   guarded argument elsewhere.
 3. Piecewise branches that are not polynomials get their symbols guarded (the "double
    where"), so the untaken branch is evaluated at a safe point and cannot leak inf/NaN
    into gradients.
@@ -75,6 +83,7 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import sympy
@@ -90,6 +99,7 @@ from .stable_functions import (
     hypot_order,
     hypot_plus,
     log1mexp,
+    log_erf,
     log_ndtr,
     log_sinh,
     logaddexp,
@@ -719,6 +729,8 @@ def _rule_normal_tail(node: sympy.Expr):
             return _log_scaled_ndtr(scale, call.args[0])
         if isinstance(call, sympy.erfc):  # erfc(u) = 2*ndtr(-sqrt(2)*u)
             return _log_scaled_ndtr(2 * scale, _expand(-_SQRT2 * call.args[0]))
+        if isinstance(call, sympy.erf):  # rounds to 1 from u = 4 in float32
+            return sympy.log(scale) + log_erf(call.args[0])
     return None
 
 
@@ -997,6 +1009,19 @@ def _size(e: sympy.Expr) -> int:
 _SQRT2 = sympy.sqrt(2)
 
 
+_LOG2 = sympy.log(2)
+
+
+def _same_number(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """``a == b`` for numbers, a Float equal to a Rational included: SymPy's Float(0.5) is
+    not S.Half, and ``sigmoid(x) - 0.5`` should meet the rule ``sigmoid(x) - 1/2`` does."""
+    if a == b:
+        return True
+    if (a.is_Float or b.is_Float) and all(n.is_Rational or n.is_Float for n in (a, b)):
+        return sympy.Rational(a) == sympy.Rational(b)
+    return False
+
+
 def _rule_add(node: sympy.Expr):
     """Cancellations between a constant and a bounded function (see the docstring)."""
     if not node.is_Add:
@@ -1008,32 +1033,53 @@ def _rule_add(node: sympy.Expr):
         rest = node - term
         if constant != 0:
             remainder = rest - constant
-            if isinstance(f, sympy.erf) and constant == coeff:  # c*(1 + erf(u))
+            if isinstance(f, sympy.erf) and _same_number(constant, coeff):  # c*(1 + erf(u))
                 return remainder + 2 * coeff * ndtr(_SQRT2 * f.args[0])
-            if isinstance(f, sympy.erf) and constant == -coeff:  # c*(erf(u) - 1)
+            if isinstance(f, sympy.erf) and _same_number(constant, -coeff):  # c*(erf(u) - 1)
                 return remainder - 2 * coeff * ndtr(-_SQRT2 * f.args[0])
-            if isinstance(f, sympy.erfc) and constant == -2 * coeff:  # c*(erfc(u) - 2)
+            if isinstance(f, sympy.erfc) and _same_number(constant, -2 * coeff):  # c*(erfc(u) - 2)
                 return remainder - 2 * coeff * ndtr(_SQRT2 * f.args[0])
-            if isinstance(f, ndtr) and constant == -coeff:  # c*(ndtr(u) - 1)
+            if isinstance(f, ndtr) and _same_number(constant, -coeff):  # c*(ndtr(u) - 1)
                 return remainder - coeff * ndtr(-f.args[0])
-            if isinstance(f, sympy.tanh) and constant == coeff:  # c*(1 + tanh(u))
+            if isinstance(f, sympy.tanh) and _same_number(constant, coeff):  # c*(1 + tanh(u))
                 return remainder + 2 * coeff * sigmoid(2 * f.args[0])
-            if isinstance(f, sympy.tanh) and constant == -coeff:  # c*(1 - tanh(u))
+            if isinstance(f, sympy.tanh) and _same_number(constant, -coeff):  # c*(1 - tanh(u))
                 return remainder + 2 * constant * sigmoid(-2 * f.args[0])
-            if isinstance(f, sigmoid) and constant == -coeff:  # c*(1 - sigmoid(u))
+            if isinstance(f, sigmoid) and _same_number(constant, -coeff):  # c*(1 - sigmoid(u))
                 return remainder + constant * sigmoid(-f.args[0])
-            if isinstance(f, sigmoid) and constant == -coeff / 2:  # c*(1 - 2*sigmoid(u))
+            if isinstance(f, sigmoid) and _same_number(constant, -coeff / 2):  # c*(1 - 2*sigmoid(u))
                 # (the sigmoid derivative's own derivative s*(1 - s)*(1 - 2*s) cancelled
-                # near 0; found by an accuracy hunt)
+                # near 0; found by an accuracy hunt; sigmoid(x) - 0.5, 0 in float32 at x =
+                # 1e-8, by a fourth)
                 return remainder - constant * sympy.tanh(f.args[0] / 2)
-            if f.is_Pow and f.exp == -1 and isinstance(f.base, sigmoid) and constant == -coeff:
+            if f.is_Pow and f.exp == -1 and isinstance(f.base, sigmoid) and _same_number(constant, -coeff):
                 # c*(1/sigmoid(u) - 1): BCE's derivative by its target, log(1/sigmoid(x) - 1),
                 # was log(0) = -inf from x = 17 in float32 where it is -x (accuracy hunt)
                 return remainder + coeff * sympy.exp(-f.base.args[0])
-            if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and constant == -coeff:
+            if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and _same_number(constant, -coeff):
                 return remainder + constant * sympy.cosh(f.base.args[0]) ** -2
+            if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and _same_number(constant, -coeff):
+                # c*(1/tanh(u) - 1) == 2*c/expm1(2u): rounded to 0 in float32 from u = 9
+                # (coth's derivative written with exponentials; a fourth accuracy hunt)
+                return remainder + 2 * coeff / expm1(_expand(2 * f.base.args[0]))
+            if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and _same_number(constant, coeff):
+                return remainder - 2 * coeff / expm1(_expand(-2 * f.base.args[0]))  # c*(1/tanh(u) + 1)
+            if f.is_Pow and f.exp == -1 and f.base.is_Add:
+                # c/(a + v) + k with c + k*a = 0 -> k*v/(a + v): log(1 + x) - x's gradient
+                # 1/(1 + x) - 1 was 0 in float32 at x = 1e-8 (a fourth accuracy hunt)
+                a, v = f.base.as_coeff_Add()
+                if a != 0 and _same_number(coeff, -constant * a):
+                    return remainder + constant * v / f.base
         if isinstance(f, softplus):
             u = f.args[0]
+            half = _expand(-u / 2)
+            # (Not of |v|: log(cosh(v))'s own form above |v| = 1, _log_cosh, where it does not
+            # cancel.)
+            if not isinstance(half, sympy.Abs) and coeff * half in terms and -coeff * _LOG2 in terms:
+                # v + softplus(-2v) - log(2) == log(cosh(v)), whose own form does not cancel
+                # near 0: torch's TanhTransform log-determinant 2*(log(2) - x - softplus(-2x))
+                # was 0 in float32 at x = 1e-4 (a fourth accuracy hunt)
+                return rest - coeff * half + coeff * _LOG2 + coeff * sympy.log(sympy.cosh(half))
             others = rest + coeff * u  # softplus(u) == u + softplus(-u); like terms cancel
             if _size(others) < _size(rest):
                 return others + coeff * softplus(_expand(-u))
@@ -1041,15 +1087,34 @@ def _rule_add(node: sympy.Expr):
             if partner in terms:
                 return rest - partner + coeff * u
         if isinstance(f, logaddexp):  # logaddexp(a, b) - a == softplus(b - a) (accuracy hunt)
+            a, b = f.args
+            if _expand(a + b) == 0 and not a.has(sympy.Abs) and -coeff * _LOG2 in terms:  # logaddexp(v, -v) - log(2)
+                return rest + coeff * _LOG2 + coeff * sympy.log(sympy.cosh(a))
             for a, b in (f.args, f.args[::-1]):
                 # (Not for a b that is a logaddexp itself: b - a would cancel as the sum did,
                 # where _rule_exp_lse subtracts a inside it; 3-input softmax, found in review.)
                 if -coeff * a in terms and not b.has(logaddexp):
                     return rest + coeff * a + coeff * softplus(_expand(b - a))
+        for factor in sympy.Mul.make_args(term):
+            if factor.is_Pow and factor.exp == -1 and isinstance(factor.base, sympy.tanh):
+                # c*A/tanh(u) - c*A == 2*c*A/expm1(2u) (and + c*A, -2*c*A/expm1(-2u)): the
+                # two terms cancel where tanh(u) rounds to 1 (from u = 9 in float32), the
+                # gradient of coth written with exponentials, as the rules distribute it (a
+                # fourth accuracy hunt)
+                u, without = factor.base.args[0], term / factor
+                if -without in terms:
+                    return rest + without + 2 * without / expm1(_expand(2 * u))
+                if without in terms:
+                    return rest - without - 2 * without / expm1(_expand(-2 * u))
         if isinstance(f, sigmoid):  # sigmoid(u) + sigmoid(-u) == 1
             partner = coeff * sigmoid(_expand(-f.args[0]))
             if partner in terms:
                 return rest - partner + coeff
+            if -partner in terms:
+                # sigmoid(u) - sigmoid(-u) == tanh(u/2), which does not cancel near 0: the
+                # logistic log density log(sigmoid(x)) + log(sigmoid(-x))'s gradient was 0
+                # in float32 at x = 1e-8 (a fourth accuracy hunt)
+                return rest + partner + coeff * sympy.tanh(f.args[0] / 2)
     return None
 
 
@@ -1172,6 +1237,50 @@ def _rule_root_excess(node: sympy.Expr):
             if _size(smaller) <= _size(root.base):
                 rest = [t for t in terms if t is not term and t != minus_c * scale]
                 return sympy.Add(*rest, scale * smaller / (root - minus_c))
+    return None
+
+
+_POWER_EXPANSION_MAX_DEGREE = 8
+
+
+def _rule_power_minus_value(node: sympy.Expr):
+    """``k*(a + u)**p + c`` with ``c = -k*a**p`` (the power minus its value at u = 0) ->
+    ``k*u*Q(u)`` for a positive integer ``p`` (up to _POWER_EXPANSION_MAX_DEGREE; the
+    binomial sum divided by u), else ``k*a**p*expm1(p*log1p(u/a))`` for a number a > 0. As
+    written the power rounds to ``a**p`` near u = 0 and the difference to 0 (so does
+    ``hypot(u, b)**q - b**q``, which is ``(b**2 + u**2)**(q/2)`` as the rules write it, and
+    becomes ``b**q*expm1(q*log1p(hypot_excess(u, b)/b))``): Barron's robust
+    loss ``c*((1 + x**2/b)**p - 1)`` was 0 in float32 at x = 1e-4, and Tukey's biweight ``1 -
+    (1 - x**2)**3`` 3x off there (a fourth accuracy hunt). (After the rules that have forms
+    of their own: a square root's minus a number is _rule_root_excess's.)"""
+    if not node.is_Add:
+        return None
+    constant, rest = node.as_coeff_Add()
+    if constant == 0 or not _number(constant):
+        return None
+    for term in sympy.Add.make_args(rest):
+        k, power = term.as_coeff_Mul()
+        if power.is_Pow and isinstance(power.base, hypot) and _number(power.exp) and power.exp != 1:
+            # (1 + x**2)**p, as the rules write it: hypot(x, 1)**(2p), whose log is
+            # log1p(hypot_excess(x, 1)), exact near 0 and not overflowing as x**2 would)
+            numbers = [b for b in power.base.args if b.is_number and b.is_positive]
+            if numbers and _same_number(k * numbers[0] ** power.exp, -constant):
+                b = numbers[0]
+                (u,) = [v for v in power.base.args if v is not b] or [b]
+                excess = log1p(hypot_excess(u, b) / b)
+                return node - constant - term + k * b**power.exp * expm1(power.exp * excess)
+        if not (power.is_Pow and power.base.is_Add and _number(power.exp)):
+            continue
+        a, u = power.base.as_coeff_Add()
+        p = power.exp
+        if a == 0 or not _number(a) or not _same_number(k * a**p, -constant):
+            continue
+        others = node - constant - term
+        if p.is_Integer and 0 < p <= _POWER_EXPANSION_MAX_DEGREE:
+            quotient = sum(sympy.binomial(p, j) * a ** (p - j) * u ** (j - 1) for j in range(1, int(p) + 1))
+            return others + k * u * quotient
+        if a.is_positive and not p.is_Integer:
+            return others + k * a**p * expm1(p * log1p(_expand(u / a)))
     return None
 
 
@@ -1393,6 +1502,33 @@ def _rule_tanh_half(node: sympy.Expr):
     return None
 
 
+def _rule_coth_half(node: sympy.Expr):
+    """``(1 + exp(v))**k*expm1(v)**-k`` -> ``tanh(v/2)**-k``, and ``sigmoid(u)**k*
+    sigmoid(-u)**-k`` -> ``exp(k*u)``: coth written with exponentials, (exp(2x) + 1)/(exp(2x)
+    - 1), is inf/inf = nan in float32 from x = 45, and the logistic log density
+    log(sigmoid(x)) + log(1 - sigmoid(x))'s gradient ``(1 - sigmoid(x)/sigmoid(-x))*
+    sigmoid(-x)`` inf*0 from x = 89 (a fourth accuracy hunt)."""
+    if not node.is_Mul:
+        return None
+    powers = dict(f.as_base_exp() for f in node.args)
+    for base, k in powers.items():
+        if not (_number(k) and k.is_nonzero):
+            continue
+        if base.is_Add and len(base.args) == 2 and 1 in base.args:
+            (e,) = [t for t in base.args if t != 1]
+            partner = expm1(e.args[0]) if isinstance(e, sympy.exp) else None
+            made = sympy.tanh(e.args[0] / 2) ** -k if partner is not None else None
+        elif isinstance(base, sigmoid):
+            partner = sigmoid(_expand(-base.args[0]))
+            made = sympy.exp(_expand(k * base.args[0]))
+        else:
+            continue
+        if partner is not None and powers.get(partner) == -k:
+            rest = [g for g in node.args if g.as_base_exp()[0] not in (base, partner)]
+            return sympy.Mul(*rest, made)
+    return None
+
+
 def _rule_exp_over_expm1(node: sympy.Expr):
     """``exp(u)/expm1(u)**k`` -> ``-expm1(u)**(1 - k)/expm1(-u)``: exp(u)/(exp(u) - 1), the
     derivative of log(exp(x) - 1) (softplus's inverse) and part of x/(exp(x) - 1)'s, is
@@ -1607,6 +1743,23 @@ def has_difference_of_squares(expr: sympy.Expr) -> bool:
     return False
 
 
+def has_offset_quotient(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` has a quotient ``c*v/(a + v)**k`` for numbers a != 0, c and k > 0
+    (_rule_add's ``1/(1 + x) - 1`` -> ``-x/(1 + x)``), whose derivative by autograd's
+    quotient rule, ``-c/(a + v) + c*v/(a + v)**2`` for k = 1, cancels at large v: log(1 + x) -
+    x's second derivative was 2% off at x = 1e6 in float32, beyond the probes' reach."""
+    for node in sympy.preorder_traversal(expr):
+        if not node.is_Mul:
+            continue
+        for factor in node.args:
+            base, k = factor.as_base_exp()
+            if base.is_Add and _number(k) and k.is_negative:
+                a, v = base.as_coeff_Add()
+                if a != 0 and (node / factor / v).is_number:
+                    return True
+    return False
+
+
 def _rule_sigmoid_difference(node: sympy.Expr):
     """``c*sigmoid(a) - c*sigmoid(b)`` with ``b - a`` a number d < 0 -> ``-c*expm1(d)*
     sigmoid(a)*sigmoid(-b)`` (``(exp(a) - exp(b))/((1 + exp(a))*(1 + exp(b)))``; for d > 0
@@ -1653,45 +1806,89 @@ _RULES = (
     _rule_xlogy_absorbs,
     _rule_same_base,
     _rule_tanh_half,
+    _rule_coth_half,
     _rule_exp_over_expm1,
     _rule_exp_difference_ratio,
     _rule_sinh_over_cosh,
     _rule_abs_of_power,
     _rule_sign_abs_power,
     _rule_sigmoid_difference,
+    _rule_power_minus_value,
 )
 
 
 # -- removable singularities ------------------------------------------------------------
 
 
-def _singular_symbols(expr: sympy.Expr) -> list[sympy.Symbol]:
-    """Symbols ``x`` with a denominator that vanishes at ``x = 0`` (``x**-k``,
-    ``1/sin(x)``, ``1/expm1(x)``): candidates for a removable singularity at 0."""
+def _singular_points(expr: sympy.Expr) -> list[tuple[sympy.Symbol, sympy.Rational]]:
+    """Pairs ``(x, c)`` of a symbol and a point at which a denominator in ``expr`` vanishes
+    (``x**-k`` and ``1/sin(x)`` at 0, ``1/(x - 1)`` at 1): candidates for a removable
+    singularity at ``x = c``."""
     found = set()
     for p in sympy.preorder_traversal(expr):
-        if not (p.is_Pow and _number(p.exp) and p.exp.is_negative):
-            continue
-        base = p.base
-        if base.is_Symbol:
-            found.add(base)
-        elif len(base.free_symbols) == 1 and sympy.count_ops(base) <= 20:
-            (x,) = base.free_symbols
-            try:
-                # Numerically: an exact xreplace builds the value symbolically, and SymPy's
-                # Pow of a complex constant (1 - acos(0)**2)**(-1/2) ran for minutes deciding
-                # its sign (found by the fuzz campaign). A false "vanishes" only costs a try:
-                # removable() checks the limit itself.
-                value = to_elementary(base).evalf(30, subs={x: sympy.Integer(0)})
-                vanishes = bool(value.is_zero) or (value.is_Float and abs(value) < 1e-25)
-            except (TypeError, ValueError, ArithmeticError, AttributeError):
-                # e.g. Max(zoo, ...) at 0; and SymPy's evalf of cos(log(y)**tanh(E)) at y = 0
-                # raised AttributeError ('NoneType' object has no attribute 'subs'; fuzz
-                # campaign 4131)
-                vanishes = False
-            if vanishes:
-                found.add(x)
+        if p.is_Pow and _number(p.exp) and p.exp.is_negative:
+            found.update(_vanishing_points(p.base))
     return sorted(found, key=sympy.default_sort_key)
+
+
+_DYADIC_CENTER_DENOMINATOR = 2**10  # centers are dyadic: x - c is then exact near c
+
+
+@functools.lru_cache(maxsize=4096)
+def _vanishing_points(base: sympy.Expr) -> tuple[tuple[sympy.Symbol, sympy.Rational], ...]:
+    """Where a one-symbol ``base`` vanishes: at 0 (numerically), and at the dyadic zeros
+    _dyadic_zeros finds. (A root like 1/3 is not a float: x - 1/3 would not be the exact
+    distance to it, nor the series in it exact.)"""
+    if base.is_Symbol:
+        return ((base, sympy.Integer(0)),)
+    if len(base.free_symbols) != 1 or sympy.count_ops(base) > 20:
+        return ()
+    (x,) = base.free_symbols
+    points = []
+    try:
+        # Numerically: an exact xreplace builds the value symbolically, and SymPy's
+        # Pow of a complex constant (1 - acos(0)**2)**(-1/2) ran for minutes deciding
+        # its sign (found by the fuzz campaign). A false "vanishes" only costs a try:
+        # removable() checks the limit itself.
+        value = to_elementary(base).evalf(30, subs={x: sympy.Integer(0)})
+        vanishes = bool(value.is_zero) or (value.is_Float and abs(value) < 1e-25)
+    except (TypeError, ValueError, ArithmeticError, AttributeError):
+        # e.g. Max(zoo, ...) at 0; and SymPy's evalf of cos(log(y)**tanh(E)) at y = 0
+        # raised AttributeError ('NoneType' object has no attribute 'subs'; fuzz
+        # campaign 4131)
+        vanishes = False
+    if vanishes:
+        points.append((x, sympy.Integer(0)))
+    points.extend((x, root) for root in _dyadic_zeros(base, x) if root != 0)
+    return tuple(points)
+
+
+# Functions whose only real zero is at 0: f(u) vanishes where u does.
+_ZERO_AT_ZERO = (sympy.sin, sympy.tan, sympy.sinh, sympy.tanh, sympy.atan, sympy.asin, sympy.asinh, sympy.atanh, sympy.erf, expm1, log1p)
+
+
+def _dyadic_zeros(expr: sympy.Expr, x: sympy.Symbol) -> set[sympy.Rational]:
+    """Dyadic points at which ``expr`` vanishes, found by its structure: a polynomial's
+    rational roots (degree 4 at most), ``log(p)`` where ``p = 1``, ``sin(p)`` (and other
+    functions zero only at 0) where ``p = 0``, and the factors of a product or power."""
+    if expr.is_Mul:
+        return set().union(*(_dyadic_zeros(factor, x) for factor in expr.args))
+    if expr.is_Pow and _number(expr.exp) and expr.exp.is_positive:
+        return _dyadic_zeros(expr.base, x)
+    if isinstance(expr, sympy.log):
+        return _dyadic_zeros(expr.args[0] - 1, x)
+    if isinstance(expr, _ZERO_AT_ZERO):
+        return _dyadic_zeros(expr.args[0], x)
+    if not expr.is_polynomial(x):
+        return set()
+    poly = sympy.Poly(expr, x)
+    if not (poly.domain.is_QQ or poly.domain.is_ZZ) or not 1 <= poly.degree() <= 4:
+        return set()
+    return {
+        root
+        for root in sympy.roots(poly, filter="Q")
+        if root.q <= _DYADIC_CENTER_DENOMINATOR and root.q & (root.q - 1) == 0
+    }
 
 
 # Functions that grow like exp(|z|) or exp(|z|**2) off the real axis, where the Cauchy
@@ -1713,25 +1910,25 @@ def _explosive(expr: sympy.Expr) -> bool:
 
 
 def _removable_singularities(expr: sympy.Expr) -> sympy.Expr:
-    if not isinstance(expr, sympy.Expr) or expr.is_Atom or not _singular_symbols(expr) or _explosive(expr):
+    if not isinstance(expr, sympy.Expr) or expr.is_Atom or not _singular_points(expr) or _explosive(expr):
         return expr
     if isinstance(expr, Removable):
         return expr
-    for x in _singular_symbols(expr):
+    for x, center in _singular_points(expr):
         if expr.is_Add or expr.is_Mul:
             parts = expr.args
             if expr.is_Add:
-                group = [t for t in parts if t.free_symbols == {x} and x in _singular_symbols(t)]
+                group = [t for t in parts if t.free_symbols == {x} and (x, center) in _singular_points(t)]
             else:
                 group = [t for t in parts if t.free_symbols == {x}]
-            if group and any(x in _singular_symbols(t) for t in group):
+            if group and any((x, center) in _singular_points(t) for t in group):
                 candidate = expr.func(*group)
-                made = removable(candidate, x)
+                made = removable(candidate, x, center)
                 if made is not None:
                     others = [t for t in parts if t not in group]
                     return expr.func(made(x), *(_removable_singularities(t) for t in others))
         elif expr.free_symbols == {x}:
-            made = removable(expr, x)
+            made = removable(expr, x, center)
             if made is not None:
                 return made(x)
     args = tuple(_removable_singularities(a) if isinstance(a, sympy.Expr) else a for a in expr.args)

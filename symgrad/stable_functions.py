@@ -22,11 +22,14 @@ method the printer calls).
 - ``log_sinh(u) = log(sinh(u))`` (u > 0)       -> ``u - log(2) + log(-expm1(-2u))``
 - ``log1mexp(u) = log(1 - exp(u))`` (u < 0)     -> ``log(-expm1(u))`` above -log(2),
   ``log1p(-exp(u))`` below (Maechler's switch)
+- ``log_erf(u) = log(erf(u))`` (u > 0)          -> ``log1p(-erfc(u))`` above 1/2, ``log(erf(u))``
+  below
 - ``guard(x, cond, safe, earlier)``: ``x`` where ``cond`` holds and ``earlier`` does not,
   else ``safe``: the inner half of the "double where", which cuts an untaken Piecewise
   branch off from ``x``.
-- :func:`removable`: ``f(x)`` with a removable singularity at 0 (``sin(x)/x``), printed as
-  a Taylor polynomial near 0 and the closed form elsewhere, each at a guarded argument.
+- :func:`removable`: ``f(x)`` with a removable singularity at 0 (``sin(x)/x``) or at a
+  dyadic center (``log(x)/(x - 1)`` at 1), printed as a Taylor polynomial near it and the
+  closed form elsewhere, each at a guarded argument.
 """
 
 from __future__ import annotations
@@ -464,6 +467,50 @@ class log_sinh(ExpandedFunction):  # noqa: N801
         return u - sympy.log(2) + sympy.log(-expm1(-2 * u))
 
 
+class log_erf(ExpandedFunction):  # noqa: N801
+    """``log(erf(u))`` for ``u > 0``: ``log1p(-erfc(u))`` above ``u = 1/2``, as written below.
+
+    As written ``erf(u)`` rounds to 1 from u = 4 in float32 (6 in float64), where the log
+    is about ``-erfc(u)``: ``log(erf(x))`` (the half-normal log CDF at ``x*sqrt(2)``) was 0
+    at x = 5, where it is -1.5e-12 (a third accuracy hunt). ``log1p(-erfc(u))`` keeps that
+    but cancels near 0, where ``erfc(u)`` is near 1; at the switch ``erfc(1/2)`` is 0.48,
+    whose ``log1p`` does not cancel, and below it ``erf(u)`` is exact. At ``u <= 0`` it is
+    nan or -inf, as the log of erf is. (Only the value has the where: the derivative
+    ``2*exp(-u**2)/(sqrt(pi)*erf(u))`` is exact on both sides.)
+    """
+
+    SWITCH = 0.5
+
+    @classmethod
+    def _imp_(cls, u):
+        u = mpmath.mpmathify(u)
+        # (the printed arithmetic, so that a probe at float32 precision sees what runs)
+        if isinstance(u, mpmath.mpf) and u > cls.SWITCH:
+            return mpmath.log1p(-mpmath.erfc(u))
+        return mpmath.log(mpmath.erf(u))
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        u = self.args[0]
+        return 2 * sympy.exp(-(u**2)) / (sympy.sqrt(sympy.pi) * sympy.erf(u))
+
+    def _eval_is_extended_real(self):
+        return None  # real only for u > 0
+
+    def elementary(self):
+        return sympy.log(sympy.erf(self.args[0]))
+
+    @classmethod
+    def expanded(cls, u: sympy.Expr) -> sympy.Expr:
+        from sympy.codegen.cfunctions import log1p
+
+        return sympy.Piecewise(
+            (log1p(-sympy.erfc(u)), u > sympy.Float(cls.SWITCH)),
+            (sympy.log(sympy.erf(u)), True),
+        )
+
+
 class hypot_excess(StableFunction):  # noqa: N801
     """``hypot(a, b) - b`` for a number ``b > 0``, computed as
     ``a*((a/2)/(hypot(a, b)/2 + b/2))``, which is ``a**2/(hypot(a, b) + b)``.
@@ -659,20 +706,24 @@ _REMOVABLE_CACHE: dict[str, type] = {}
 
 
 class Removable(ExpandedFunction):
-    """Base of the generated classes ``f(x)`` with a removable singularity at ``x = 0``.
+    """Base of the generated classes ``f(x)`` with a removable singularity at ``x = center``
+    (0, or a dyadic number such as 1: ``log(x)/(x - 1)``).
 
-    Each subclass holds ``closed`` (the expression in the dummy ``_T``), ``coeffs`` (Taylor
-    coefficients at 0, as floats, lowest degree first) and ``eps``: for ``|x| < eps`` the
-    Taylor polynomial is used (exact to double precision there), elsewhere the closed form.
+    Each subclass holds ``closed`` (the expression in the dummy ``_T``), ``center``,
+    ``coeffs`` (Taylor coefficients at ``center``, as floats, lowest degree first) and
+    ``eps``: for ``|x - center| < eps`` the Taylor polynomial in ``x - center`` is used
+    (exact to double precision there), elsewhere the closed form. (``x - center`` is exact
+    near a dyadic center: Sterbenz's lemma.)
     """
 
     closed: sympy.Expr
+    center: sympy.Rational = sympy.Integer(0)
     coeffs: tuple[float, ...]
     eps: float
 
     @classmethod
     def eval(cls, x):
-        if x.is_zero:
+        if (x - cls.center).is_zero:
             return (
                 sympy.Float(cls.coeffs[0]) if cls.coeffs[0] != int(cls.coeffs[0]) else sympy.Integer(int(cls.coeffs[0]))
             )
@@ -680,9 +731,10 @@ class Removable(ExpandedFunction):
     @classmethod
     def _imp_(cls, x):
         x = mpmath.mpmathify(x)
-        if abs(x) < mpmath.mpf(cls.eps) / 1000:
-            # Near 0, the series (exact to well below double precision here).
-            return _horner_mp(cls.exact_coeffs, x)
+        offset = x - mpmath.mpf(cls.center)
+        if abs(offset) < mpmath.mpf(cls.eps) / 1000:
+            # Near the center, the series (exact to well below double precision here).
+            return _horner_mp(cls.exact_coeffs, offset)
         with mpmath.extradps(30):  # the closed form cancels near 0
             value = _lambdified(cls)(x)
         return +value
@@ -697,7 +749,8 @@ class Removable(ExpandedFunction):
         # away from 0: x/(1 - exp(-x))'s second derivative, the derivative of -x/(4*sinh(x/2)**2)
         # - 1/expm1(-x), had exp(-x)/expm1(-x)**2 in it, inf/inf = nan from x = -89 in float32
         # (found by an accuracy hunt). (As written if that form has no series at 0.)
-        made = removable(stable_closed_form(derivative), _T) or removable(derivative, _T)
+        center = type(self).center
+        made = removable(stable_closed_form(derivative), _T, center) or removable(derivative, _T, center)
         if made is None:  # cannot happen for an analytic function; keep it exact anyway
             raise ArgumentIndexError(self, argindex)
         return made(self.args[0])
@@ -720,11 +773,14 @@ class Removable(ExpandedFunction):
         in float32). The plan expands every Removable so that CSE computes the mask and
         the guarded arguments once.
         """
-        near = sympy.Abs(x) < cls.eps
-        series = cls.series_at(guard(x, near, sympy.Float(0)))
+        offset = x - cls.center
+        near = sympy.Abs(offset) < cls.eps
+        series = cls.series_at(guard(offset, near, sympy.Float(0)))
         # (guarded as the last branch, where ``near`` does not hold: the mask computed once
-        # serves both guards and the outer where)
-        closed = cls.closed.xreplace({_T: guard(x, sympy.true, sympy.Float(cls.eps), near)})
+        # serves both guards and the outer where. The closed form takes x itself, not
+        # center + offset: x - 1 rounds to -1 for a tiny x, where log(x)/(x - 1) is exact.)
+        safe = sympy.Float(cls.center + cls.eps)
+        closed = cls.closed.xreplace({_T: guard(x, sympy.true, safe, near)})
         return sympy.Piecewise((series, near), (closed, True))
 
     @classmethod
@@ -846,7 +902,7 @@ def _analytic_candidate(expr: sympy.Expr, x: sympy.Symbol) -> bool:
             if not node.exp.is_Integer and node.base.has(x):
                 return False
             continue
-        if isinstance(node, (softplus, sigmoid, ndtr, erfcx, log_ndtr, logaddexp, expm1, log1p) + _ANALYTIC):
+        if isinstance(node, (softplus, sigmoid, ndtr, erfcx, log_ndtr, logaddexp, xlogy, expm1, log1p) + _ANALYTIC):
             continue
         if isinstance(node, Removable):
             continue
@@ -859,25 +915,34 @@ def _analytic_candidate(expr: sympy.Expr, x: sympy.Symbol) -> bool:
     return True
 
 
-def removable(expr: sympy.Expr, x: sympy.Symbol):
+def removable(expr: sympy.Expr, x: sympy.Symbol, center: sympy.Rational = sympy.Integer(0)):
     """A :class:`Removable` ``f`` with ``f(x) == expr`` if ``expr`` (in ``x`` only) has a
-    removable singularity at 0 and is analytic around it; else ``None``."""
+    removable singularity at ``x = center`` and is analytic around it; else ``None``."""
     closed = expr.xreplace({x: _T}) if x != _T else expr
-    key = sympy.srepr(closed)
+    key = sympy.srepr(closed) if center == 0 else f"{sympy.srepr(closed)} at {center}"
     if key in _REMOVABLE_CACHE:
         return _REMOVABLE_CACHE[key]
-    made = _make_removable(closed, key)
+    made = _make_removable(closed, key, sympy.Rational(center))
     _REMOVABLE_CACHE[key] = made
     return made
 
 
-def _make_removable(closed: sympy.Expr, key: str):
+def _make_removable(closed: sympy.Expr, key: str, center: sympy.Rational):
     if closed.free_symbols != {_T} or not _analytic_candidate(closed, _T):
         return None
     try:
-        f = sympy.lambdify(_T, to_elementary(closed), modules="mpmath")
+        unshifted = sympy.lambdify(_T, to_elementary(closed), modules="mpmath")
     except Exception:  # pragma: no cover - an unprintable expression is simply left alone
         return None
+    if center == 0:
+        f = unshifted
+    else:
+        # f in the offset from the center: its singularity at 0, where the search looks
+        shift = mpmath.mpf(center.p) / center.q  # (dyadic: exact)
+
+        def f(offset):
+            return unshifted(offset + shift)
+
     with mpmath.workdps(50):
         if not _bounded_and_continuous_at_zero(f):
             return None
@@ -914,7 +979,14 @@ def _make_removable(closed: sympy.Expr, key: str):
             return type(
                 name,
                 (Removable,),
-                {"closed": closed, "coeffs": floats, "exact_coeffs": tuple(exact), "eps": eps, "__module__": __name__},
+                {
+                    "closed": closed,
+                    "center": center,
+                    "coeffs": floats,
+                    "exact_coeffs": tuple(exact),
+                    "eps": eps,
+                    "__module__": __name__,
+                },
             )
     return None
 
@@ -1019,4 +1091,5 @@ STABLE_FUNCTIONS = (
     guard,
     log1mexp,
     log_sinh,
+    log_erf,
 )

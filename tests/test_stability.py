@@ -64,6 +64,10 @@ POINTS = [
 ]
 # Near |x| = 1, for asin, atanh and the circle (0.9999999 is 1 - 2**-23 in float32).
 _NEAR_ONE = tuple((p,) for p in (0.0, 1e-30, -1e-8, 0.3, -0.5, 0.9, 0.999, -0.999, 0.99999, -0.9999999, 0.9999999))
+# Near a removable singularity at 1, and far from it.
+_NEAR_ONE_POSITIVE = tuple(
+    (p,) for p in (1.0, 0.9999999, 1.0000001, 0.999, 1.001, 0.9, 1.1, 0.7, 1.3, 0.5, 2.0, 1e-30, 1e-8, 1e4, 1e30)
+)
 # Pairs for two-input cases.
 PAIR_VALUES = [0.0, 1e-30, -1e-8, 0.5, -3.0, 20.0, -50.0, 100.0, 1e4]
 PAIRS = [(a, b) for a in PAIR_VALUES for b in PAIR_VALUES]
@@ -173,6 +177,47 @@ CASES = [
         lambda x: mpmath.mpf(1) if x == 0 else -x / mpmath.expm1(-x),
         points=tuple((p,) for p in POINTS + [88.0, -88.0, 700.0, -700.0]),
     ),
+    # Removable singularities away from 0 (stable._singular_points: a polynomial's dyadic
+    # roots, log(p) where p = 1): log(x)/(x - 1) and the logarithmic mean (x - 1)/log(x) of x
+    # and 1 were 0/0 = nan at x = 1, and their gradients cancelled near it (log(x)/(x - 1)'s
+    # 2e-4 off in float32 at x = 1.001, its second derivative 34%; a third accuracy hunt).
+    Case(
+        "log_over_x_minus_one",
+        "log(x)/(x - 1)",
+        lambda x: mpmath.mpf(1) if x == 1 else mpmath.log(x) / (x - 1),
+        where=lambda x: x > 0,
+        points=_NEAR_ONE_POSITIVE,
+    ),
+    Case(
+        "logarithmic_mean",
+        "(x - 1)/log(x)",
+        lambda x: mpmath.mpf(1) if x == 1 else (x - 1) / mpmath.log(x),
+        where=lambda x: x > 0,
+        points=_NEAR_ONE_POSITIVE,
+    ),
+    # Found by a fourth accuracy hunt: the logistic log density as a sum of logs, whose
+    # gradient (1 - sigmoid(x)/sigmoid(-x))*sigmoid(-x) was inf*0 = nan from x = 89 in
+    # float32 and sigmoid(-x) - sigmoid(x) 0 at x = 1e-8 (stable._rule_coth_half, _rule_add:
+    # -tanh(x/2)); sigmoid(x) - 0.5, 0 at x = 1e-8 (a Float that is 1/2); coth written with
+    # exponentials, nan from x = 45; Barron's robust loss and Tukey's biweight, 0 and 3x off
+    # at x = 1e-4 (stable._rule_power_minus_value); and torch's TanhTransform log-determinant,
+    # 0 at x = 1e-4 (log(cosh(x)) in disguise).
+    Case(
+        "logistic_log_density_sum",
+        "log(sigmoid(x)) + log(1 - sigmoid(x))",
+        lambda x: -abs(x) - 2 * mpmath.log1p(mpmath.exp(-abs(x))),
+    ),
+    Case("sigmoid_minus_half", "sigmoid(x) - 0.5", lambda x: mpmath.tanh(x / 2) / 2),
+    Case("langevin_exp", "(exp(2*x)+1)/(exp(2*x)-1) - 1/x", _langevin),
+    Case("barron", "2*((1 + x**2/2)**0.25 - 1)", lambda x: 2 * ((1 + x**2 / 2) ** mpmath.mpf(0.25) - 1)),
+    Case(
+        "tukey_biweight",
+        "1 - (1 - x**2)**3",
+        lambda x: 1 - (1 - x**2) ** 3,
+        # (not at its gradient's zeros +-1, where the reference's difference quotient is not 0)
+        where=lambda x: abs(x) != 1,
+    ),
+    Case("tanh_flow_log_det", "2*(log(2) - x - softplus(-2*x))", lambda x: -2 * mpmath.log(mpmath.cosh(x))),
     # log(tanh(x)) was 96% off at x = 9 in float32 and 0 above, where it is about -2*exp(-2x)
     # (stable._rule_log; a third accuracy hunt)
     Case("log_tanh", "log(tanh(x))", lambda x: mpmath.log(mpmath.tanh(x)), where=lambda x: x > 0),
@@ -377,6 +422,9 @@ CASES = [
         lambda x: mpmath.exp(-(x**2) / 2) * mpmath.erfc(-x / mpmath.sqrt(2)),
     ),
     Case("log_one_plus_erf", "log(1+erf(x))", lambda x: mpmath.log(1 + mpmath.erf(x))),
+    # As written erf(x) rounds to 1 from x = 4 in float32, and log(erf(x)) was 0 at x = 5,
+    # where it is -1.5e-12 (stable_functions.log_erf; a third accuracy hunt)
+    Case("log_erf", "log(erf(x))", lambda x: mpmath.log(mpmath.erf(x)), where=lambda x: x > 0),
     Case(
         "piecewise_sqrt",
         "Piecewise((sqrt(x), x>0), (0, True))",
@@ -735,6 +783,87 @@ def test_removable_singularity_second_derivative_at_zero(gen_dir, device):
 
 
 @pytest.mark.parametrize("save, fuse", [("memory", False), ("speed", False), ("memory", True)])
+@pytest.mark.parametrize("name", ["log_over_x_minus_one", "logarithmic_mean"])
+def test_removable_singularity_away_from_zero_second_derivative(name, save, fuse, gen_dir, device):
+    """Near its center (1), where the closed forms' second derivatives cancel (34% off in
+    float32 at x = 1.001 for log(x)/(x - 1)) or are 0/0 (at 1), and at the series' edge."""
+    case = next(c for c in CASES if c.name == name)
+    module = load(case, gen_dir, save=save, fuse=fuse)
+    points = [1.0, 1 - 2.0**-20, 1 + 2.0**-20, 0.999, 1.001, 1.124, 1.126, 0.876, 0.874, 1.3, 0.7]
+    for dtype in (torch.float32, torch.float64):
+        bad = _second_derivative_errors(case, module, dtype, device, exact_beyond=math.inf, points=points)
+        assert not bad, f"{name} ({save}, fused={fuse}, {dtype}): second derivative off at {bad}"
+
+
+def test_rewrites_found_by_the_fourth_accuracy_hunt_reach_their_forms():
+    """Each form is exact where the one it replaces cancels, overflows or rounds (each is
+    also in EQUALITY_EXPRS; the formulas are in CASES, held to mpmath)."""
+    x, s = X, sf.sigmoid
+    assert stabilize(s(x) - sympy.Float(0.5)) == sympy.Float(0.5) * sympy.tanh(x / 2)
+    assert stabilize(s(-x) - s(x)) == -sympy.tanh(x / 2)
+    assert stabilize(Y * s(x) / s(-x)) == Y * sympy.exp(x)
+    assert stabilize((sympy.exp(2 * x) + 1) / (sympy.exp(2 * x) - 1)) == 1 / sympy.tanh(x)
+    assert stabilize(3 / sympy.tanh(x) - 3) == 6 / expm1(2 * x)
+    assert stabilize(Y / (sympy.tanh(x) * expm1(-2 * x)) - Y / expm1(-2 * x)) == 2 * Y / (expm1(-2 * x) * expm1(2 * x))
+    assert stabilize(1 / (1 + x) - 1) == -x / (x + 1)
+    assert stabilize(1 - (1 - x**2) ** 3) == x**2 * (x**4 - 3 * x**2 + 3)
+    assert stabilize((1 + x) ** sympy.Rational(3, 2) - 1) == expm1(sympy.Rational(3, 2) * log1p(x))
+    assert stabilize((1 + x**2) ** sympy.Rational(1, 3) - 1) == expm1(2 * log1p(sf.hypot_excess(x, 1)) / 3)
+    assert stabilize(sympy.sqrt(1 + x) - 1) == x / (sympy.sqrt(x + 1) + 1)  # (its own rule first)
+    log_cosh = stabilize(sympy.log(sympy.cosh(x)))
+    assert stabilize(2 * (sympy.log(2) - x - sf.softplus(-2 * x))) == -2 * log_cosh
+    assert stabilize(sf.logaddexp(x, -x) - sympy.log(2)) == log_cosh
+
+
+@pytest.mark.parametrize("save", ["memory", "speed"])
+def test_an_offset_quotient_gradient_gets_exact_second_derivatives(save, gen_dir, device):
+    """log(1 + x) - x: its gradient 1/(1 + x) - 1, 0 in float32 at x = 1e-8 as written, is
+    -x/(1 + x) (stable._rule_add), whose quotient rule cancels at large x (its second
+    derivative was 2% off at x = 1e6 in float32, beyond the probes' reach):
+    stable.has_offset_quotient gives it the second-derivative Function. (Its value near 0,
+    log1p(x) - x, still cancels: README.)"""
+    case = Case("log1p_minus_x", "log(1+x) - x", lambda x: mpmath.log1p(x) - x)
+    module = load(case, gen_dir, save=save)
+    points = [1e-8, -1e-8, 1e-4, 0.5, -0.5, 20.0, 1e4, 1e6, 1e8, -1e6]
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor(points, dtype=dtype, device=device, requires_grad=True)
+        (g,) = torch.autograd.grad(apply(module, x).sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.sum(), x)
+        with mpmath.workdps(DPS):
+            for p, got, got2 in zip(x.tolist(), g.tolist(), gg.tolist()):
+                p = mpmath.mpf(p)
+                assert rel_error(got, -p / (1 + p), dtype) <= RTOL[dtype], (dtype, p, got)
+                assert rel_error(got2, -1 / (1 + p) ** 2, dtype) <= SECOND_DERIVATIVE_RTOL[dtype], (dtype, p, got2)
+
+
+def test_the_log_of_erf_is_log_erf():
+    """stable._rule_normal_tail: log(c*erf(u)) -> log(c) + log_erf(u) for a number c > 0."""
+    x = X
+    assert stabilize(sympy.log(sympy.erf(x))) == sf.log_erf(x)
+    assert stabilize(sympy.log(2 * sympy.erf(x / 2))) == sympy.log(2) + sf.log_erf(x / 2)
+    assert not stabilize(sympy.log(-sympy.erf(x))).has(sf.log_erf)  # (real for x < 0 only)
+
+
+def test_removable_singularities_away_from_zero_are_found_at_dyadic_roots():
+    """A Removable centred where a denominator vanishes: a polynomial's dyadic root, or
+    where a log's argument is 1; not at a pole, nor at a root a float cannot hold (x - 1/3
+    would not be the exact distance to it)."""
+
+    def centers(expr):
+        return [type(node).center for node in sympy.preorder_traversal(stabilize(expr)) if isinstance(node, sf.Removable)]
+
+    x = X
+    assert centers(sympy.log(x) / (x - 1)) == [1]
+    assert centers((x - 1) / sympy.log(x)) == [1]
+    assert centers(sympy.log(x) / (x**2 - 1)) == [1]  # (at -1 its log is complex: no series)
+    assert centers(sympy.sin(2 * x - 1) / (2 * x - 1)) == [sympy.Rational(1, 2)]
+    assert centers(Y + expm1(x - 1) / (x - 1)) == [1]
+    assert centers(sympy.sin(x) / x) == [0]
+    assert centers(1 / (x - 1)) == []
+    assert centers(sympy.sin(3 * x - 1) / (3 * x - 1)) == []
+
+
+@pytest.mark.parametrize("save, fuse", [("memory", False), ("speed", False), ("memory", True)])
 def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, save, fuse):
     # The Taylor polynomial's powers (x**17 in the gradient) overflow where it is not taken:
     # unguarded, double backward multiplied torch.where's zero by inf (NaN at |x| = 300 in
@@ -760,6 +889,29 @@ def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, sa
 
 X, Y = sympy.symbols("x y", real=True)
 EQUALITY_EXPRS = [
+    # a fourth accuracy hunt's finds (stable._rule_add, _rule_coth_half, _rule_power_minus_value)
+    sf.sigmoid(X) - sympy.Float(0.5),
+    sf.sigmoid(X) - sf.sigmoid(-X) + Y,
+    Y * sf.sigmoid(2 * X) / sf.sigmoid(-2 * X),
+    (sympy.exp(2 * X) + 1) / (sympy.exp(2 * X) - 1) - 1 / X,
+    3 / sympy.tanh(X) - 3,
+    3 / sympy.tanh(X) + 3,
+    Y / (sympy.tanh(X) * expm1(-2 * X)) - Y / expm1(-2 * X),
+    Y / (sympy.tanh(X) * expm1(-2 * X)) + Y / expm1(-2 * X),
+    1 / (1 + X) - 1,
+    3 / (2 + X) - sympy.Rational(3, 2),
+    1 - (1 - X**2) ** 3,
+    2 * ((1 + X**2 / 2) ** sympy.Float(0.25) - 1),
+    (1 + X**2) ** sympy.Rational(1, 3) - 1,
+    2 - 2 / sympy.sqrt(1 + X**2 / 2),
+    2 * (sympy.log(2) - X - sf.softplus(-2 * X)),
+    sf.logaddexp(X, -X) - sympy.log(2),
+    sympy.log(3 * sympy.erf(X)),
+    # removable singularities away from 0 (stable._singular_points)
+    sympy.log(X) / (X - 1),
+    (X - 1) / sympy.log(X),
+    sympy.diff(sympy.log(X) / (X - 1), X),
+    sympy.sin(2 * X - 1) / (2 * X - 1),
     # the log of a sinh (stable._rule_log)
     sympy.log(sympy.sinh(X)),
     sympy.log(3 * sympy.sinh(X / 2)),
@@ -1232,7 +1384,11 @@ FUNCTION_CASES = [
     (sf.log1mexp(-X), [X]),  # (at x = 0.7, just below the switch at -log(2))
     (sf.log1mexp(-X / 2), [X]),  # (and above it)
     (sf.log_sinh(X), [X]),
+    (sf.log_erf(X), [X]),  # (at x = 0.7, above the switch at 1/2)
+    (sf.log_erf(X / 2), [X]),  # (and below it)
     (stabilize(sympy.sin(X) / X), [X]),
+    (stabilize(sympy.log(X) / (X - 1)), [X]),  # (centred at 1)
+    (stabilize(sympy.sin(4 * X - 3) / (4 * X - 3)), [X]),  # (at 3/4, near the point 0.7)
     (stabilize(sympy.expm1(X) / X) if hasattr(sympy, "expm1") else stabilize((sympy.exp(X) - 1) / X), [X]),
 ]
 
