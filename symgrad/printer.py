@@ -21,6 +21,7 @@ from sympy.printing.str import StrPrinter
 from .errors import SymgradError
 from .stable_functions import (
     erfcx,
+    finite,
     guard,
     hypot,
     hypot_excess,
@@ -116,6 +117,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     logaddexp: _call("torch.logaddexp"),
     hypot: _call("torch.hypot"),
     hypot_excess: lambda args: _hypot_excess(*args),
+    finite: lambda args: f"torch.nan_to_num({args[0]}, nan=torch.nan)",
     # a/n kept whole (stable_functions.norm_ratio), where SymPy would merge the powers
     norm_ratio: lambda args: f"{_as_atom(args[0])} / {_as_atom(args[1])}",
     xlogy: _call("torch.xlogy"),
@@ -301,7 +303,7 @@ class TorchPrinter(StrPrinter):
             ]
         torch_code = getattr(type(expr), "torch_code", None)
         if torch_code is not None:  # generated families (stable_functions.Removable)
-            return _as_atom(torch_code(self, args))
+            return _as_atom(torch_code(self, args, expr.args))
         if self._compiled and type(expr) in COMPILED_CALLS:
             return f"{COMPILED_CALLS[type(expr)]}({', '.join(args)})"
         printer = PRINTERS.get(type(expr))

@@ -22,16 +22,19 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
      ``log(x/sinh(x))``); ``log(c*tanh(u))`` -> ``log(|c|) - log1p(2/expm1(+-2u))``;
      ``log(p*exp(a) - p*exp(b))`` -> ``log(p) + a + log1mexp(b - a)``, and its derivatives'
      ratios ``exp(c)*(p*exp(a) - p*exp(b))**-k`` likewise (_rule_exp_difference_ratio).
-   - sums: ``c - c*tanh(u)**2`` -> ``c/cosh(u)**2``; ``c + c*tanh(u)`` -> ``2c*sigmoid(2u)``;
+   - sums: ``c - c*tanh(u)**2`` -> ``c/cosh(u)**2``, and ``c + k*tanh(u)**2`` with ``c + k``
+     small next to ``k`` -> ``(c + k) - k/cosh(u)**2``; ``c + c*tanh(u)`` -> ``2c*sigmoid(2u)``;
      ``c + c*erf(u)`` -> ``2c*ndtr(sqrt(2)*u)`` (SymPy turns ``erfc(-u)`` back into
      ``2 - erfc(u)``, which cancels); ``c - c*sigmoid(u)`` -> ``c*sigmoid(-u)``;
      ``u - softplus(u)`` -> ``-softplus(-u)``; ``sigmoid(u) + sigmoid(-u)`` -> ``1``,
      ``sigmoid(u) - sigmoid(-u)`` -> ``tanh(u/2)``; ``c/tanh(u) - c`` -> ``2c/expm1(2u)``;
-     ``c/(a + v) - c/a`` -> ``-c*v/(a*(a + v))``; ``v + softplus(-2v) - log(2)`` ->
+     ``c/(a + v) - c/a`` -> ``-c*v/(a*(a + v))`` (v a sum of numbers times symbols; other
+     v are _rule_power_minus_value's); ``v + softplus(-2v) - log(2)`` ->
      ``log(cosh(v))``; (a Float equal to a rational counts as it);
      ``c*sigmoid(a) - c*sigmoid(b)``, a number apart, -> a product (_rule_sigmoid_difference);
-     a power minus its value at 0, ``(a + u)**p - a**p`` -> ``u*Q(u)`` or
-     ``a**p*expm1(p*log1p(u/a))`` (_rule_power_minus_value).
+     a power minus its value at 0, ``A**p - B**p`` -> ``(A - B)*S`` for an integer p from 1
+     to 8, ``S`` the sum of ``A**j*B**(p-1-j)``, else ``power_excess`` (the expm1 form near
+     0) (_rule_power_minus_value).
    - ratios of exponentials: a product with a factor ``(p1*exp(a1) + p2*exp(a2))**-k``,
      ``cosh(u)**-k`` or ``sigmoid(u)**k`` (next to an ``exp``) is rewritten term by term as
      ``exp(r) * sigmoid(w)**j * sigmoid(-w)**(k-j)``, with the exponent ``j`` taken from the
@@ -93,6 +96,7 @@ from .probe import PROBE_FAILURES, moderate, probe_code, real_only
 from .stable_functions import (
     Removable,
     erfcx,
+    finite,
     guard,
     hypot,
     hypot_excess,
@@ -105,6 +109,7 @@ from .stable_functions import (
     logaddexp,
     ndtr,
     norm_ratio,
+    power_excess,
     removable,
     sigmoid,
     softplus,
@@ -1022,6 +1027,26 @@ def _same_number(a: sympy.Expr, b: sympy.Expr) -> bool:
     return False
 
 
+def _near_cancellation(c: sympy.Expr, k: sympy.Expr) -> bool:
+    """Whether ``c + k*t`` for ``t`` in [0, 1] cancels as ``t`` nears 1 without crossing 0:
+    numbers of opposite signs, ``c + k`` of ``c``'s sign and at most ``|k|/8`` (beyond
+    that, the rounding of ``k*t`` is at most 8 ulps of the sum as written)."""
+    if not (_number(c) and _number(k)) or not (c * k).is_negative:
+        return False
+    margin = c + k
+    return bool((margin * c).is_positive) and bool(8 * abs(margin) <= abs(k))
+
+
+def _affine(v: sympy.Expr) -> bool:
+    """Whether ``v`` is a sum of numbers times symbols: it overflows only where its inputs
+    are near the largest float. (k*v/(a + v) is inf/inf = nan where v overflows, and the sum
+    it replaces was k: 1/(1 + x**2) - 1 from |x| = 1.9e19 in float32, 1/(1 + sinh(x)) - 1
+    from x = 89; found in review. Those are _rule_power_minus_value's, with v taken
+    finite.)"""
+    terms = sympy.Add.make_args(v)
+    return all(t.as_coeff_Mul()[1].is_Symbol for t in terms)
+
+
 def _rule_add(node: sympy.Expr):
     """Cancellations between a constant and a bounded function (see the docstring)."""
     if not node.is_Add:
@@ -1058,24 +1083,29 @@ def _rule_add(node: sympy.Expr):
                 return remainder + coeff * sympy.exp(-f.base.args[0])
             if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and _same_number(constant, -coeff):
                 return remainder + constant * sympy.cosh(f.base.args[0]) ** -2
+            if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and _near_cancellation(constant, coeff):
+                # c + k*tanh(u)**2 == (c + k) - k/cosh(u)**2 where c + k is small next to k:
+                # the log-determinant of SAC's tanh squashing, log(1 - tanh(x)**2 + 1e-6),
+                # was 3.4e-3 off in float32 from |x| = 10, where tanh(x)**2 rounds to 1
+                return remainder + (constant + coeff) - coeff * sympy.cosh(f.base.args[0]) ** -2
             if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and _same_number(constant, -coeff):
                 # c*(1/tanh(u) - 1) == 2*c/expm1(2u): rounded to 0 in float32 from u = 9
                 # (coth's derivative written with exponentials; a fourth accuracy hunt)
                 return remainder + 2 * coeff / expm1(_expand(2 * f.base.args[0]))
             if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and _same_number(constant, coeff):
                 return remainder - 2 * coeff / expm1(_expand(-2 * f.base.args[0]))  # c*(1/tanh(u) + 1)
-            if f.is_Pow and f.exp == -1 and f.base.is_Add:
+            if f.is_Pow and _same_number(f.exp, sympy.S.NegativeOne) and f.base.is_Add:
                 # c/(a + v) + k with c + k*a = 0 -> k*v/(a + v): log(1 + x) - x's gradient
                 # 1/(1 + x) - 1 was 0 in float32 at x = 1e-8 (a fourth accuracy hunt)
                 a, v = f.base.as_coeff_Add()
-                if a != 0 and _same_number(coeff, -constant * a):
+                if a != 0 and _same_number(coeff, -constant * a) and _affine(v):
                     return remainder + constant * v / f.base
         if isinstance(f, softplus):
             u = f.args[0]
             half = _expand(-u / 2)
-            # (Not of |v|: log(cosh(v))'s own form above |v| = 1, _log_cosh, where it does not
-            # cancel.)
-            if not isinstance(half, sympy.Abs) and coeff * half in terms and -coeff * _LOG2 in terms:
+            # (Not of a v with |.|: log(cosh(v))'s own form above |v| = 1, _log_cosh, where it
+            # does not cancel; 2*|x| for log(cosh(2*x)) nested it 5 deep, found in review.)
+            if not half.has(sympy.Abs) and coeff * half in terms and -coeff * _LOG2 in terms:
                 # v + softplus(-2v) - log(2) == log(cosh(v)), whose own form does not cancel
                 # near 0: torch's TanhTransform log-determinant 2*(log(2) - x - softplus(-2x))
                 # was 0 in float32 at x = 1e-4 (a fourth accuracy hunt)
@@ -1240,19 +1270,47 @@ def _rule_root_excess(node: sympy.Expr):
     return None
 
 
-_POWER_EXPANSION_MAX_DEGREE = 8
+_QUOTIENT_MAX_DEGREE = 8  # the most terms of _power_difference_quotient's sum
+
+
+def _power_difference_quotient(a: sympy.Expr, b: sympy.Expr, p: int) -> sympy.Expr:
+    """``(a**p - b**p)/(a - b)`` for an integer ``p >= 1``, the sum of ``a**j*b**(p-1-j)``,
+    by Horner's scheme in ``a``; for an even ``p``, ``(a + b)`` times the same sum in
+    ``a**2``, which leaves even powers of ``a`` only."""
+    if p % 2 == 0:
+        return (a + b) * _power_difference_quotient(a**2, b**2, p // 2)
+    total = sympy.S.One
+    for j in range(1, p):
+        total = total * a + b**j
+    return total
 
 
 def _rule_power_minus_value(node: sympy.Expr):
-    """``k*(a + u)**p + c`` with ``c = -k*a**p`` (the power minus its value at u = 0) ->
-    ``k*u*Q(u)`` for a positive integer ``p`` (up to _POWER_EXPANSION_MAX_DEGREE; the
-    binomial sum divided by u), else ``k*a**p*expm1(p*log1p(u/a))`` for a number a > 0. As
-    written the power rounds to ``a**p`` near u = 0 and the difference to 0 (so does
-    ``hypot(u, b)**q - b**q``, which is ``(b**2 + u**2)**(q/2)`` as the rules write it, and
-    becomes ``b**q*expm1(q*log1p(hypot_excess(u, b)/b))``): Barron's robust
-    loss ``c*((1 + x**2/b)**p - 1)`` was 0 in float32 at x = 1e-4, and Tukey's biweight ``1 -
-    (1 - x**2)**3`` 3x off there (a fourth accuracy hunt). (After the rules that have forms
-    of their own: a square root's minus a number is _rule_root_excess's.)"""
+    """``k*A**p + c`` with ``c = -k*B**p`` for a number ``B`` and ``A - B`` a ``D`` that
+    does not cancel: ``A = B + u`` (``D = u``), or ``A = hypot(u, B)`` (``D =
+    hypot_excess(u, B)``; ``(B**2 + u**2)**(p/2)`` as the rules write it, which does not
+    overflow where u**2 would). As written the power rounds to ``B**p`` near ``D = 0`` and
+    the difference to 0: Barron's robust loss ``c*((1 + x**2/b)**p - 1)`` was 0 in float32 at
+    x = 1e-4, and Tukey's biweight ``1 - (1 - x**2)**3`` 3x off there (a fourth accuracy
+    hunt).
+
+    - A positive integer ``p`` (up to _QUOTIENT_MAX_DEGREE, 8; a Float such as 3.0 too) ->
+      ``k*D*S``, ``S = A**(p-1) + A**(p-2)*B + ... + B**(p-1)`` by Horner's scheme
+      (``A**p - B**p = (A - B)*S``), with ``A + B`` taken out for an even ``p``, which
+      leaves even powers of ``A``: no term cancels where ``A`` and ``B`` have one sign, nor
+      anywhere for an even ``p``; for an odd one, where they do not, the sum loses at most
+      p ulps. (The binomial ``u*Q(u)`` cancelled for ``|u|`` beyond ``|B|``: ``(1 + x)**8 - 1``
+      was 2.6e-2 off at x = -2.001 in float32; an exponent 3.0 took the expm1 form, nan
+      where ``A < 0``; both found in review.)
+    - ``p = -1`` -> ``-(k/B)*(D/(B + D))``, a quotient without a where. (This takes ``c/(a
+      + v) + k`` for a ``v`` that _rule_add leaves: ``1/(1 + x**2) - 1``, atan's derivative
+      minus 1.)
+    - Any other ``p``, for ``B > 0`` or an integer ``p`` -> ``k*power_excess(D, B, p)``:
+      ``expm1(p*log1p(D/B))`` near 0, as written far from it. (Not ``-D*S/(A**n*B**n)``
+      for a negative integer ``p = -n``: inf/inf where ``A**n`` overflows.)
+
+    (After the rules that have forms of their own: a square root's minus a number is
+    _rule_root_excess's.)"""
     if not node.is_Add:
         return None
     constant, rest = node.as_coeff_Add()
@@ -1260,27 +1318,54 @@ def _rule_power_minus_value(node: sympy.Expr):
         return None
     for term in sympy.Add.make_args(rest):
         k, power = term.as_coeff_Mul()
-        if power.is_Pow and isinstance(power.base, hypot) and _number(power.exp) and power.exp != 1:
-            # (1 + x**2)**p, as the rules write it: hypot(x, 1)**(2p), whose log is
-            # log1p(hypot_excess(x, 1)), exact near 0 and not overflowing as x**2 would)
-            numbers = [b for b in power.base.args if b.is_number and b.is_positive]
-            if numbers and _same_number(k * numbers[0] ** power.exp, -constant):
-                b = numbers[0]
-                (u,) = [v for v in power.base.args if v is not b] or [b]
-                excess = log1p(hypot_excess(u, b) / b)
-                return node - constant - term + k * b**power.exp * expm1(power.exp * excess)
-        if not (power.is_Pow and power.base.is_Add and _number(power.exp)):
+        if not (power.is_Pow and _number(power.exp)):
             continue
-        a, u = power.base.as_coeff_Add()
-        p = power.exp
-        if a == 0 or not _number(a) or not _same_number(k * a**p, -constant):
+        difference = _power_difference(power.base)
+        if difference is None:
+            continue
+        b, excess = difference
+        p = _integer_if_whole(power.exp)
+        if not _same_number(k * b**p, -constant):
             continue
         others = node - constant - term
-        if p.is_Integer and 0 < p <= _POWER_EXPANSION_MAX_DEGREE:
-            quotient = sum(sympy.binomial(p, j) * a ** (p - j) * u ** (j - 1) for j in range(1, int(p) + 1))
-            return others + k * u * quotient
-        if a.is_positive and not p.is_Integer:
-            return others + k * a**p * expm1(p * log1p(_expand(u / a)))
+        if p.is_Integer and 0 < p <= _QUOTIENT_MAX_DEGREE:
+            return others + k * excess * _power_difference_quotient(power.base, b, int(p))
+        if p == -1:
+            # A**-1 - 1/B == -(D/(B + D))/B, without a where (power_excess's took 3-4x the
+            # time of the difference as written at 1e6 float32, most of it two
+            # torch.where): D taken finite (hypot_excess is), so that the quotient is 1
+            # where D overflows, and kept whole (norm_ratio), so that no number multiplies
+            # D first and overflows it (3/(2 + x**2) - 3/2). Its own derivative cancels at
+            # large D, which has_offset_quotient sees. (An affine D = v in c/(a + v) + k is
+            # _rule_add's: it cannot overflow.)
+            finite_excess = excess if isinstance(excess, hypot_excess) else finite(excess)
+            return others - (k / b) * norm_ratio(finite_excess, b + finite_excess)
+        if b.is_positive or p.is_Integer:
+            return others + k * power_excess(excess, b, p)
+    return None
+
+
+def _integer_if_whole(p: sympy.Expr) -> sympy.Expr:
+    """``p`` as an Integer where it is a Float of integer value (``x**3.0``)."""
+    if p.is_Float and sympy.Rational(p).q == 1:  # (SymPy's Float(3.0) != 3)
+        return sympy.Integer(sympy.Rational(p))
+    return p
+
+
+def _power_difference(base: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """``(B, base - B)`` for a base ``B + u`` with a nonzero number B, or ``hypot(u, B)``
+    with a positive number B (the difference is hypot_excess(u, B)); else None."""
+    if isinstance(base, hypot):
+        numbers = [b for b in base.args if b.is_number and b.is_positive]
+        if not numbers:
+            return None
+        b = numbers[0]
+        (u,) = [v for v in base.args if v is not b] or [b]
+        return b, hypot_excess(u, b)
+    if base.is_Add:
+        b, u = base.as_coeff_Add()
+        if b != 0 and _number(b):
+            return b, u
     return None
 
 
@@ -1749,6 +1834,11 @@ def has_offset_quotient(expr: sympy.Expr) -> bool:
     quotient rule, ``-c/(a + v) + c*v/(a + v)**2`` for k = 1, cancels at large v: log(1 + x) -
     x's second derivative was 2% off at x = 1e6 in float32, beyond the probes' reach."""
     for node in sympy.preorder_traversal(expr):
+        if isinstance(node, norm_ratio) and node.args[1].is_Add:
+            # (_rule_power_minus_value's v/(a + v), kept whole)
+            a, v = node.args[1].as_coeff_Add()
+            if a != 0 and v == node.args[0]:
+                return True
         if not node.is_Mul:
             continue
         for factor in node.args:
@@ -1863,7 +1953,8 @@ def _vanishing_points(base: sympy.Expr) -> tuple[tuple[sympy.Symbol, sympy.Ratio
     return tuple(points)
 
 
-# Functions whose only real zero is at 0: f(u) vanishes where u does.
+# Functions that vanish at 0: f(u) vanishes where u does (sin and tan elsewhere too, at
+# multiples of pi, which no float holds: not centers).
 _ZERO_AT_ZERO = (sympy.sin, sympy.tan, sympy.sinh, sympy.tanh, sympy.atan, sympy.asin, sympy.asinh, sympy.atanh, sympy.erf, expm1, log1p)
 
 

@@ -217,6 +217,65 @@ CASES = [
         # (not at its gradient's zeros +-1, where the reference's difference quotient is not 0)
         where=lambda x: abs(x) != 1,
     ),
+    # A power minus its value at 0, beyond where the fourth hunt's forms hold (found in
+    # review): the binomial sum cancelled for |x| > 1 ((1 + x)**8 - 1 was 2.6e-2 off at x =
+    # -2.001 in float32), the expm1 form lost |p*log1p(x)| ulps far from 0 ((1 + x)**7.5 - 1,
+    # 5.4e-6 off at x = 1e4), and an exponent 3.0 took that form, nan below x = -1
+    # (stable._rule_power_minus_value, stable_functions.power_excess)
+    Case(
+        "power_minus_value",
+        "(1 + x)**8 - 1",
+        lambda x: (1 + x) ** 8 - 1,
+        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.5, -0.9, -1.5, -1.999, -2.001, -2.5, 3.0, 100.0, -100.0, 1e4)),
+    ),
+    Case(
+        "power_minus_value_fractional",
+        "(1 + x)**7.5 - 1",
+        lambda x: (1 + x) ** mpmath.mpf(7.5) - 1,
+        where=lambda x: x > -1,
+        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.1, -0.1, 0.3, -0.5, -0.99, 3.0, 100.0, 1e4)),
+    ),
+    # An exponent outside 1..8 took no form near 0 (1/sqrt(1 + x**2) - 1 was 0 in float32 at
+    # x = 1e-4), nor did c/(a + v) + k for a v that can overflow (1/(1 + x**2) - 1, atan's
+    # derivative minus 1); the switch to the form as written sat too near 0 for a large p
+    # (30 float32 ulps for 20.5) and too far from -1 for a small one ((1 + x)**0.001 - 1, 7e-6
+    # off at x = -0.9865); all found in review (stable_functions.power_excess)
+    Case("inverse_root_minus_one", "1/sqrt(1 + x**2) - 1", lambda x: 1 / mpmath.sqrt(1 + x**2) - 1),
+    Case("inverse_square_minus_one", "1/(1 + x**2) - 1", lambda x: 1 / (1 + x**2) - 1),
+    Case(
+        "power_minus_value_steep",
+        "(1 + x)**20.5 - 1",
+        lambda x: (1 + x) ** mpmath.mpf(20.5) - 1,
+        where=lambda x: x > -1,
+        domain={"x": (-0.1, 0.1)},
+        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.02, 0.0315, 0.0532202, -0.024, -0.0245, -0.5, 1.0073358, 10.0)),
+    ),
+    Case(
+        "power_minus_value_shallow",
+        "(1 + x)**0.001 - 1",
+        lambda x: (1 + x) ** mpmath.mpf(0.001) - 1,
+        where=lambda x: x > -1,
+        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.5, -0.9865, -0.999, -0.9999999, 1e4, 1e21, 1e30)),
+    ),
+    Case(
+        "power_minus_value_float_integer",
+        "(1 + x)**3.0 - 1",
+        lambda x: (1 + x) ** 3 - 1,
+        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.5, -1.5, -2.0, -3.0, 100.0, -100.0, 1e4)),
+    ),
+    # The log-determinant of SAC's tanh squashing, log(1 - tanh(x)**2 + 1e-6), was 3.4e-3 off
+    # in float32 from |x| = 10, where tanh(x)**2 rounds to 1 (stable._near_cancellation: 1e-6
+    # + cosh(x)**-2). (Not below |x| = 1/2: float32 cannot hold 1 + 1e-6, 4.6e-2 off as the
+    # sum; nor above 20: its gradient -2*tanh(x)/(1e-6*sinh(x)**2 + 1), as simplify writes
+    # it, is 0 from |x| = 45, where the square overflows. float64 to 1e-10: the constant
+    # 1.000001 as a binary Float leaves 1e-6 as 9.99999999917733e-7.)
+    Case(
+        "sac_log_det",
+        "log(1 - tanh(x)**2 + 1e-6)",
+        lambda x: mpmath.log(1 - mpmath.tanh(x) ** 2 + mpmath.mpf("1e-6")),
+        where=lambda x: 0.5 <= abs(x) <= 20,
+        rtol={torch.float64: 1e-10},
+    ),
     Case("tanh_flow_log_det", "2*(log(2) - x - softplus(-2*x))", lambda x: -2 * mpmath.log(mpmath.cosh(x))),
     # log(tanh(x)) was 96% off at x = 9 in float32 and 0 above, where it is about -2*exp(-2x)
     # (stable._rule_log; a third accuracy hunt)
@@ -806,23 +865,65 @@ def test_rewrites_found_by_the_fourth_accuracy_hunt_reach_their_forms():
     assert stabilize(3 / sympy.tanh(x) - 3) == 6 / expm1(2 * x)
     assert stabilize(Y / (sympy.tanh(x) * expm1(-2 * x)) - Y / expm1(-2 * x)) == 2 * Y / (expm1(-2 * x) * expm1(2 * x))
     assert stabilize(1 / (1 + x) - 1) == -x / (x + 1)
-    assert stabilize(1 - (1 - x**2) ** 3) == x**2 * (x**4 - 3 * x**2 + 3)
-    assert stabilize((1 + x) ** sympy.Rational(3, 2) - 1) == expm1(sympy.Rational(3, 2) * log1p(x))
-    assert stabilize((1 + x**2) ** sympy.Rational(1, 3) - 1) == expm1(2 * log1p(sf.hypot_excess(x, 1)) / 3)
+    # c + k*tanh(u)**2 -> (c + k) - k/cosh(u)**2 where c + k is small next to k (SAC)
+    assert stabilize(sympy.Rational(9, 8) - sympy.tanh(x) ** 2) == sympy.Rational(1, 8) + sympy.cosh(x) ** -2
+    assert stabilize(sympy.Rational(3, 2) - sympy.tanh(x) ** 2) == sympy.Rational(3, 2) - sympy.tanh(x) ** 2
+    assert stabilize(sympy.Rational(1, 2) - sympy.tanh(x) ** 2) == sympy.Rational(1, 2) - sympy.tanh(x) ** 2
+    # (Not where v can overflow: k*v/(a + v) is inf/inf there, and the sum was k; found in
+    # review. Those are taken finite, and the quotient kept whole, so that no number
+    # multiplies v first: stable._rule_power_minus_value.)
+    square, sinh = sf.finite(x**2), sf.finite(sympy.sinh(x))
+    assert stabilize(1 / (1 + x**2) - 1) == -sf.norm_ratio(square, 1 + square)
+    assert stabilize(3 / (2 + sympy.sinh(x)) - sympy.Rational(3, 2)) == -sympy.Rational(3, 2) * sf.norm_ratio(sinh, 2 + sinh)
+    assert stabilize(1 / (1 + x + 2 * Y) - 1) == (-x - 2 * Y) / (x + 2 * Y + 1)
+    # A**p - B**p == (A - B)*(A**(p-1) + ... + B**(p-1)), with A + B taken out for an even p:
+    # no term cancels (the binomial sum did for |x| > 1, and an exponent 3.0 took the log1p
+    # form, nan where A < 0; found in review)
+    assert stabilize(1 - (1 - x**2) ** 3) == x**2 * ((1 - x) * (1 + x) * (2 - x**2) + 1)
+    assert stabilize((1 + x) ** 8 - 1) == x * (x + 2) * ((x + 1) ** 2 + 1) * ((x + 1) ** 4 + 1)
+    assert stabilize((1 + x) ** sympy.Float(3.0) - 1) == x * ((x + 1) * (x + 2) + 1)
+    # (beyond the expansion's degree, and a negative integer, whose D*S/A**2 would be
+    # inf/inf where A**2 overflows: the expm1 form near 0, as for a fraction; of any B)
+    assert stabilize((1 + x) ** 9 - 1) == sf.power_excess(x, 1, 9)
+    assert stabilize((x - 1) ** -2 - 1) == sf.power_excess(x, -1, -2)
+    assert stabilize(1 / sympy.sqrt(1 + x**2) - 1) == -sf.norm_ratio(sf.hypot_excess(x, 1), sf.hypot_excess(x, 1) + 1)
+    assert stabilize((1 + x**2) ** sympy.Rational(-3, 2) - 1) == sf.power_excess(sf.hypot_excess(x, 1), 1, -3)
+    assert stabilize((1 + x) ** sympy.Rational(3, 2) - 1) == sf.power_excess(x, 1, sympy.Rational(3, 2))
+    assert stabilize((1 + x**2) ** sympy.Rational(1, 3) - 1) == sf.power_excess(sf.hypot_excess(x, 1), 1, sympy.Rational(2, 3))
+    assert stabilize((1 + x) ** sympy.Float(7.5) - 1) == sf.power_excess(x, 1, sympy.Float(7.5))
+    assert stabilize((x - 1) ** sympy.Rational(3, 2) + 1) == (x - 1) ** sympy.Rational(3, 2) + 1  # (B < 0)
     assert stabilize(sympy.sqrt(1 + x) - 1) == x / (sympy.sqrt(x + 1) + 1)  # (its own rule first)
     log_cosh = stabilize(sympy.log(sympy.cosh(x)))
     assert stabilize(2 * (sympy.log(2) - x - sf.softplus(-2 * x))) == -2 * log_cosh
     assert stabilize(sf.logaddexp(x, -x) - sympy.log(2)) == log_cosh
+    # log(cosh(v))'s own form for |v| >= 1 is |v| - log(2) + softplus(-2|v|): not taken back
+    # into log(cosh) (it nested 5 Piecewise deep for v = 2*x; found in review)
+    for v in (x, 2 * x, 2 * x + 1, -x / 3):
+        assert _piecewise_depth(stabilize(sympy.log(sympy.cosh(v)))) == 1, v
+
+
+def _piecewise_depth(expr: sympy.Expr) -> int:
+    inner = max((_piecewise_depth(arg) for arg in expr.args), default=0)
+    return inner + isinstance(expr, sympy.Piecewise)
+
+
+_OFFSET_QUOTIENTS = [
+    # (log1p(x) - x's value near 0 still cancels: README)
+    (Case("log1p_minus_x", "log(1+x) - x", lambda x: mpmath.log1p(x) - x), lambda p: -p / (1 + p), lambda p: -1 / (1 + p) ** 2),
+    (Case("atan_minus_x", "atan(x) - x", lambda x: mpmath.atan(x) - x), lambda p: -(p**2) / (1 + p**2), lambda p: -2 * p / (1 + p**2) ** 2),
+]
 
 
 @pytest.mark.parametrize("save", ["memory", "speed"])
-def test_an_offset_quotient_gradient_gets_exact_second_derivatives(save, gen_dir, device):
+@pytest.mark.parametrize("case, gradient, second", _OFFSET_QUOTIENTS, ids=[c[0].name for c in _OFFSET_QUOTIENTS])
+def test_an_offset_quotient_gradient_gets_exact_second_derivatives(case, gradient, second, save, gen_dir, device):
     """log(1 + x) - x: its gradient 1/(1 + x) - 1, 0 in float32 at x = 1e-8 as written, is
     -x/(1 + x) (stable._rule_add), whose quotient rule cancels at large x (its second
     derivative was 2% off at x = 1e6 in float32, beyond the probes' reach):
-    stable.has_offset_quotient gives it the second-derivative Function. (Its value near 0,
-    log1p(x) - x, still cancels: README.)"""
-    case = Case("log1p_minus_x", "log(1+x) - x", lambda x: mpmath.log1p(x) - x)
+    stable.has_offset_quotient gives it the second-derivative Function. So does atan(x) -
+    x's, 1/(1 + x**2) - 1, written -(v/(1 + v)) with v = x**2 taken finite
+    (stable._rule_power_minus_value: as -x**2/(1 + x**2) it was nan from |x| = 1.9e19 in
+    float32; found in review)."""
     module = load(case, gen_dir, save=save)
     points = [1e-8, -1e-8, 1e-4, 0.5, -0.5, 20.0, 1e4, 1e6, 1e8, -1e6]
     for dtype in (torch.float32, torch.float64):
@@ -832,8 +933,8 @@ def test_an_offset_quotient_gradient_gets_exact_second_derivatives(save, gen_dir
         with mpmath.workdps(DPS):
             for p, got, got2 in zip(x.tolist(), g.tolist(), gg.tolist()):
                 p = mpmath.mpf(p)
-                assert rel_error(got, -p / (1 + p), dtype) <= RTOL[dtype], (dtype, p, got)
-                assert rel_error(got2, -1 / (1 + p) ** 2, dtype) <= SECOND_DERIVATIVE_RTOL[dtype], (dtype, p, got2)
+                assert rel_error(got, gradient(p), dtype) <= RTOL[dtype], (dtype, p, got)
+                assert rel_error(got2, second(p), dtype) <= SECOND_DERIVATIVE_RTOL[dtype], (dtype, p, got2)
 
 
 def test_the_log_of_erf_is_log_erf():
@@ -900,9 +1001,19 @@ EQUALITY_EXPRS = [
     Y / (sympy.tanh(X) * expm1(-2 * X)) + Y / expm1(-2 * X),
     1 / (1 + X) - 1,
     3 / (2 + X) - sympy.Rational(3, 2),
+    3 / (2 + X**2) - sympy.Rational(3, 2),
     1 - (1 - X**2) ** 3,
     2 * ((1 + X**2 / 2) ** sympy.Float(0.25) - 1),
     (1 + X**2) ** sympy.Rational(1, 3) - 1,
+    # and what review found of them: the power minus its value as (A - B)*S, power_excess
+    (1 + X) ** 8 - 1,
+    3 * (X - 2) ** 5 + 96,
+    (1 + X) ** sympy.Float(3.0) - 1,
+    (1 + X) ** sympy.Float(7.5) - 1,
+    (8 + X) ** sympy.Rational(-1, 3) - sympy.Rational(1, 2),
+    (4 + X**2) ** sympy.Rational(7, 2) - 128,
+    1 - sympy.tanh(X) ** 2 + sympy.Float(1e-6),
+    sympy.Rational(9, 8) - sympy.tanh(X) ** 2 + Y,
     2 - 2 / sympy.sqrt(1 + X**2 / 2),
     2 * (sympy.log(2) - X - sf.softplus(-2 * X)),
     sf.logaddexp(X, -X) - sympy.log(2),
@@ -1386,6 +1497,12 @@ FUNCTION_CASES = [
     (sf.log_sinh(X), [X]),
     (sf.log_erf(X), [X]),  # (at x = 0.7, above the switch at 1/2)
     (sf.log_erf(X / 2), [X]),  # (and below it)
+    (sf.finite(X**2), [X]),
+    (sf.power_excess(X, 1, sympy.Rational(3, 2)), [X]),  # (at x = 0.7, its expm1 form)
+    (sf.power_excess(X, 2, -3), [X]),  # (an integer p, a > 0)
+    (sf.power_excess(X, -2, 3), [X]),  # (a < 0)
+    (sf.power_excess(X, sympy.Rational(1, 4), sympy.Rational(3, 2)), [X]),  # (as written)
+    (sf.power_excess(sf.hypot_excess(X, 2), 2, sympy.Rational(1, 4)), [X]),
     (stabilize(sympy.sin(X) / X), [X]),
     (stabilize(sympy.log(X) / (X - 1)), [X]),  # (centred at 1)
     (stabilize(sympy.sin(4 * X - 3) / (4 * X - 3)), [X]),  # (at 3/4, near the point 0.7)
@@ -2055,7 +2172,11 @@ _NORMAL_TAIL_CASES = ("log_ndtr", "log_erfc", "log_one_plus_erf")
 # log(x/sinh(x))'s and log(x*sinh(x))'s, 2.8e-4 and 4.4e-4 off at x = 1e4 in float32
 # (autograd's quotient rule on their gradients, -(x/tanh(x) - 1)/x and its twin, cancels; the
 # probe accepts it), as before their values were fixed.
-_SECOND_DERIVATIVE_GAPS = {("lisht", "memory")} | {(name, save) for name in ("log_x_over_sinh", "log_x_sinh") for save in ("memory", "speed")}
+# (sac_log_det: its double backward is inf from |x| = 90, where sinh(x)**2 overflows in its
+# gradient's quotient)
+_SECOND_DERIVATIVE_GAPS = {("lisht", "memory")} | {
+    (name, save) for name in ("log_x_over_sinh", "log_x_sinh", "sac_log_det") for save in ("memory", "speed")
+}
 
 
 # The one-input cases whose fused modules get plan.SecondDerivative: autograd's derivative of
