@@ -1331,15 +1331,19 @@ def _rule_power_minus_value(node: sympy.Expr):
         if p.is_Integer and 0 < p <= _QUOTIENT_MAX_DEGREE:
             return others + k * excess * _power_difference_quotient(power.base, b, int(p))
         if p == -1:
-            # A**-1 - 1/B == -(D/(B + D))/B, without a where (power_excess's took 3-4x the
-            # time of the difference as written at 1e6 float32, most of it two
-            # torch.where): D taken finite (hypot_excess is), so that the quotient is 1
-            # where D overflows, and kept whole (norm_ratio), so that no number multiplies
-            # D first and overflows it (3/(2 + x**2) - 3/2). Its own derivative cancels at
+            # A**-1 - 1/B == -(D/A)/B, without a where (power_excess's took 3-4x the time of
+            # the difference as written at 1e6 float32, most of it two torch.where): the
+            # quotient kept whole (norm_ratio), so that no number multiplies D first and
+            # overflows it (3/(2 + x**2) - 3/2), and D and A = B + D each taken finite
+            # (hypot's are), so that it is 1 where they overflow, not inf/inf. (A is B + D as
+            # written, not B + finite(D): the difference-of-squares pass factors it, exact
+            # near its root, 1/(1 - x**2) - 1 near x = 1, found in review; and in float16
+            # B + 65504 would round to inf from B = 16.) Its own derivative cancels at
             # large D, which has_offset_quotient sees. (An affine D = v in c/(a + v) + k is
             # _rule_add's: it cannot overflow.)
-            finite_excess = excess if isinstance(excess, hypot_excess) else finite(excess)
-            return others - (k / b) * norm_ratio(finite_excess, b + finite_excess)
+            if isinstance(excess, hypot_excess):
+                return others - (k / b) * norm_ratio(excess, b + excess)
+            return others - (k / b) * norm_ratio(finite(excess), finite(b + excess))
         if b.is_positive or p.is_Integer:
             return others + k * power_excess(excess, b, p)
     return None
@@ -1834,10 +1838,11 @@ def has_offset_quotient(expr: sympy.Expr) -> bool:
     quotient rule, ``-c/(a + v) + c*v/(a + v)**2`` for k = 1, cancels at large v: log(1 + x) -
     x's second derivative was 2% off at x = 1e6 in float32, beyond the probes' reach."""
     for node in sympy.preorder_traversal(expr):
-        if isinstance(node, norm_ratio) and node.args[1].is_Add:
-            # (_rule_power_minus_value's v/(a + v), kept whole)
+        if isinstance(node, norm_ratio) and (isinstance(node.args[0], finite) or node.args[1].is_Add):
+            # (_rule_power_minus_value's v/(a + v), kept whole: of v and a + v taken finite,
+            # or of hypot_excess(u, a) and a + hypot_excess(u, a))
             a, v = node.args[1].as_coeff_Add()
-            if a != 0 and v == node.args[0]:
+            if isinstance(node.args[0], finite) or (a != 0 and v == node.args[0]):
                 return True
         if not node.is_Mul:
             continue

@@ -604,11 +604,10 @@ class power_excess(ExpandedFunction):  # noqa: N801
 
 class finite(StableFunction):  # noqa: N801
     """``u`` itself, where an infinite ``u`` is printed as the largest finite number of its
-    dtype (``torch.nan_to_num``, nan kept): so that ``u/(a + u)`` is 1 where ``u``
-    overflows, as the difference it replaces, ``1 - a/(a + u)``, was; inf/inf is nan
+    dtype (``torch.nan_to_num``, nan kept): so that ``finite(u)/finite(a + u)`` is 1 where
+    ``u`` overflows, as the difference it replaces, ``1 - a/(a + u)``, was; inf/inf is nan
     (stable._rule_power_minus_value: ``1/(1 + x**2) - 1`` as ``-x**2/(1 + x**2)``, nan from
-    |x| = 1.9e19 in float32; found in review). (In float16, ``a + 65504`` rounds to inf
-    from a = 16.)
+    |x| = 1.9e19 in float32; found in review).
     """
 
     nargs = 1
