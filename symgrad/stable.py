@@ -28,13 +28,13 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
      ``2 - erfc(u)``, which cancels); ``c - c*sigmoid(u)`` -> ``c*sigmoid(-u)``;
      ``u - softplus(u)`` -> ``-softplus(-u)``; ``sigmoid(u) + sigmoid(-u)`` -> ``1``,
      ``sigmoid(u) - sigmoid(-u)`` -> ``tanh(u/2)``; ``c/tanh(u) - c`` -> ``2c/expm1(2u)``;
-     ``c/(a + v) - c/a`` -> ``-c*v/(a*(a + v))`` (v a sum of numbers times symbols; other
-     v are _rule_power_minus_value's); ``v + softplus(-2v) - log(2)`` ->
+     ``v + softplus(-2v) - log(2)`` ->
      ``log(cosh(v))``; (a Float equal to a rational counts as it);
      ``c*sigmoid(a) - c*sigmoid(b)``, a number apart, -> a product (_rule_sigmoid_difference);
      a power minus its value at 0, ``A**p - B**p`` -> ``(A - B)*S`` for an integer p from 1
-     to 8, ``S`` the sum of ``A**j*B**(p-1-j)``, else ``power_excess`` (the expm1 form near
-     0) (_rule_power_minus_value).
+     to 8, ``S`` the sum of ``A**j*B**(p-1-j)``, ``-(A - B)/(A*B)`` for p = -1 (``c/(a + v) -
+     c/a`` -> ``-c*v/(a*(a + v))``), else ``power_excess`` (the expm1 form near 0)
+     (_rule_power_minus_value).
    - ratios of exponentials: a product with a factor ``(p1*exp(a1) + p2*exp(a2))**-k``,
      ``cosh(u)**-k`` or ``sigmoid(u)**k`` (next to an ``exp``) is rewritten term by term as
      ``exp(r) * sigmoid(w)**j * sigmoid(-w)**(k-j)``, with the exponent ``j`` taken from the
@@ -1041,8 +1041,7 @@ def _affine(v: sympy.Expr) -> bool:
     """Whether ``v`` is a sum of numbers times symbols: it overflows only where its inputs
     are near the largest float. (k*v/(a + v) is inf/inf = nan where v overflows, and the sum
     it replaces was k: 1/(1 + x**2) - 1 from |x| = 1.9e19 in float32, 1/(1 + sinh(x)) - 1
-    from x = 89; found in review. Those are _rule_power_minus_value's, with v taken
-    finite.)"""
+    from x = 89; found in review.)"""
     terms = sympy.Add.make_args(v)
     return all(t.as_coeff_Mul()[1].is_Symbol for t in terms)
 
@@ -1094,12 +1093,6 @@ def _rule_add(node: sympy.Expr):
                 return remainder + 2 * coeff / expm1(_expand(2 * f.base.args[0]))
             if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and _same_number(constant, coeff):
                 return remainder - 2 * coeff / expm1(_expand(-2 * f.base.args[0]))  # c*(1/tanh(u) + 1)
-            if f.is_Pow and _same_number(f.exp, sympy.S.NegativeOne) and f.base.is_Add:
-                # c/(a + v) + k with c + k*a = 0 -> k*v/(a + v): log(1 + x) - x's gradient
-                # 1/(1 + x) - 1 was 0 in float32 at x = 1e-8 (a fourth accuracy hunt)
-                a, v = f.base.as_coeff_Add()
-                if a != 0 and _same_number(coeff, -constant * a) and _affine(v):
-                    return remainder + constant * v / f.base
         if isinstance(f, softplus):
             u = f.args[0]
             half = _expand(-u / 2)
@@ -1302,9 +1295,9 @@ def _rule_power_minus_value(node: sympy.Expr):
       p ulps. (The binomial ``u*Q(u)`` cancelled for ``|u|`` beyond ``|B|``: ``(1 + x)**8 - 1``
       was 2.6e-2 off at x = -2.001 in float32; an exponent 3.0 took the expm1 form, nan
       where ``A < 0``; both found in review.)
-    - ``p = -1`` -> ``-(k/B)*(D/(B + D))``, a quotient without a where. (This takes ``c/(a
-      + v) + k`` for a ``v`` that _rule_add leaves: ``1/(1 + x**2) - 1``, atan's derivative
-      minus 1.)
+    - ``p = -1`` -> ``-(k/B)*(D/(B + D))``, a quotient without a where: ``c/(a + v) +
+      k``, ``1/(1 + x) - 1`` (log(1 + x) - x's gradient) and ``1/(1 + x**2) - 1`` (atan's
+      derivative minus 1).
     - Any other ``p``, for ``B > 0`` or an integer ``p`` -> ``k*power_excess(D, B, p)``:
       ``expm1(p*log1p(D/B))`` near 0, as written far from it. (Not ``-D*S/(A**n*B**n)``
       for a negative integer ``p = -n``: inf/inf where ``A**n`` overflows.)
@@ -1332,15 +1325,18 @@ def _rule_power_minus_value(node: sympy.Expr):
             return others + k * excess * _power_difference_quotient(power.base, b, int(p))
         if p == -1:
             # A**-1 - 1/B == -(D/A)/B, without a where (power_excess's took 3-4x the time of
-            # the difference as written at 1e6 float32, most of it two torch.where): the
-            # quotient kept whole (norm_ratio), so that no number multiplies D first and
-            # overflows it (3/(2 + x**2) - 3/2), and D and A = B + D each taken finite
-            # (hypot's are), so that it is 1 where they overflow, not inf/inf. (A is B + D as
-            # written, not B + finite(D): the difference-of-squares pass factors it, exact
-            # near its root, 1/(1 - x**2) - 1 near x = 1, found in review; and in float16
-            # B + 65504 would round to inf from B = 16.) Its own derivative cancels at
-            # large D, which has_offset_quotient sees. (An affine D = v in c/(a + v) + k is
-            # _rule_add's: it cannot overflow.)
+            # the difference as written at 1e6 float32, most of it two torch.where): log(1 +
+            # x) - x's gradient 1/(1 + x) - 1 was 0 in float32 at x = 1e-8 (a fourth accuracy
+            # hunt). Its own derivative cancels at large D, which has_offset_quotient sees.
+            # An affine D cannot overflow (_affine): the plain quotient. Any other is taken
+            # finite, as A = B + D is, so that the quotient is 1 where they overflow, not
+            # inf/inf, and kept whole (norm_ratio), so that no number multiplies D first
+            # and overflows it (3/(2 + x**2) - 3/2). (A is B + D as written, not B +
+            # finite(D): the difference-of-squares pass factors it, exact near its root,
+            # 1/(1 - x**2) - 1 near x = 1, found in review; and in float16 B + 65504 would
+            # round to inf from B = 16. hypot's D and A are finite.)
+            if _affine(excess):
+                return others + constant * excess / power.base  # (constant == -k/B)
             if isinstance(excess, hypot_excess):
                 return others - (k / b) * norm_ratio(excess, b + excess)
             return others - (k / b) * norm_ratio(finite(excess), finite(b + excess))
@@ -1838,7 +1834,7 @@ def has_offset_quotient(expr: sympy.Expr) -> bool:
     quotient rule, ``-c/(a + v) + c*v/(a + v)**2`` for k = 1, cancels at large v: log(1 + x) -
     x's second derivative was 2% off at x = 1e6 in float32, beyond the probes' reach."""
     for node in sympy.preorder_traversal(expr):
-        if isinstance(node, norm_ratio) and (isinstance(node.args[0], finite) or node.args[1].is_Add):
+        if isinstance(node, norm_ratio):
             # (_rule_power_minus_value's v/(a + v), kept whole: of v and a + v taken finite,
             # or of hypot_excess(u, a) and a + hypot_excess(u, a))
             a, v = node.args[1].as_coeff_Add()

@@ -933,8 +933,8 @@ _OFFSET_QUOTIENTS = [
 @pytest.mark.parametrize("case, gradient, second", _OFFSET_QUOTIENTS, ids=[c[0].name for c in _OFFSET_QUOTIENTS])
 def test_an_offset_quotient_gradient_gets_exact_second_derivatives(case, gradient, second, save, gen_dir, device):
     """log(1 + x) - x: its gradient 1/(1 + x) - 1, 0 in float32 at x = 1e-8 as written, is
-    -x/(1 + x) (stable._rule_add), whose quotient rule cancels at large x (its second
-    derivative was 2% off at x = 1e6 in float32, beyond the probes' reach):
+    -x/(1 + x) (stable._rule_power_minus_value), whose quotient rule cancels at large x (its
+    second derivative was 2% off at x = 1e6 in float32, beyond the probes' reach):
     stable.has_offset_quotient gives it the second-derivative Function. So does atan(x) -
     x's, 1/(1 + x**2) - 1, written -(v/(1 + v)) with v = x**2 taken finite
     (stable._rule_power_minus_value: as -x**2/(1 + x**2) it was nan from |x| = 1.9e19 in
