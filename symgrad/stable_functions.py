@@ -532,8 +532,8 @@ def _dyadic_toward_zero(value: mpmath.mpf, bits: int = 6) -> sympy.Rational:
 
 class power_excess(ExpandedFunction):  # noqa: N801
     """``(a + u)**p - a**p`` for numbers ``a > 0`` and ``p``, or ``a != 0`` and an integer
-    ``p`` (stable._rule_power_minus_value, for the exponents that have no polynomial of
-    its own): ``a**p*expm1(p*log1p(u/a))`` where ``|p*log1p(u/a)| <= R``, ``R = max(1,
+    ``p`` (stable._rule_power_minus_value, for the exponents that have no polynomial nor
+    sum of roots of their own): ``a**p*expm1(p*log1p(u/a))`` where ``|p*log1p(u/a)| <= R``, ``R = max(1,
     |p|/2)``, and as written elsewhere.
 
     As written the power rounds to ``a**p`` near ``u = 0``, and the difference to 0:
