@@ -35,8 +35,9 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
      to 8, ``S`` the sum of ``A**j*B**(p-1-j)``, ``-(A - B)/(A*B)`` for p = -1 (``c/(a + v) -
      c/a`` -> ``-c*v/(a*(a + v))``), for ``p = j + m/q`` with ``q`` up to 4 (or ``-m/q``)
      ``r**m - s**m`` of the roots ``r = A**(1/q)``, ``s = B**(1/q)``, with ``r - s =
-     (A - B)/(r**(q-1) + ... + s**(q-1))`` (_root_power_difference), else ``power_excess``
-     (the expm1 form near 0) (_rule_power_minus_value).
+     (A - B)/(r**(q-1) + ... + s**(q-1))`` (_root_power_difference), for p < -1 the same
+     of ``1/A`` and ``1/B`` (_reciprocal_power_difference), else ``power_excess`` (the expm1
+     form near 0) (_rule_power_minus_value).
    - ratios of exponentials: a product with a factor ``(p1*exp(a1) + p2*exp(a2))**-k``,
      ``cosh(u)**-k`` or ``sigmoid(u)**k`` (next to an ``exp``) is rewritten term by term as
      ``exp(r) * sigmoid(w)**j * sigmoid(-w)**(k-j)``, with the exponent ``j`` taken from the
@@ -1305,9 +1306,12 @@ def _rule_power_minus_value(node: sympy.Expr):
       A**(1/q)`` and ``s = B**(1/q)`` (_root_power_difference): no where, and no term
       cancels (power_excess's where took Barron's loss from 8.1 to 13.5-16.5 ms a forward
       plus backward at 1e6 float32, where eager autograd took 9.7).
+    - ``p < -1``, an integer down to -8 or ``-(j + m/q)`` as above -> the same sums of the
+      reciprocals ``1/A`` and ``1/B``, whose difference is ``-(D/A)/B``
+      (_reciprocal_power_difference): each term is a power of ``1/A``, small where ``A``
+      is large. (Not ``-D*S/(A**n*B**n)``: inf/inf where ``A**n`` overflows.)
     - Any other ``p``, for ``B > 0`` or an integer ``p`` -> ``k*power_excess(D, B, p)``:
-      ``expm1(p*log1p(D/B))`` near 0, as written far from it. (Not ``-D*S/(A**n*B**n)``
-      for a negative integer ``p = -n``: inf/inf where ``A**n`` overflows.)
+      ``expm1(p*log1p(D/B))`` near 0, as written far from it.
 
     (After the rules that have forms of their own: a square root's minus a number is
     _rule_root_excess's.)"""
@@ -1335,22 +1339,19 @@ def _rule_power_minus_value(node: sympy.Expr):
             # the difference as written at 1e6 float32, most of it two torch.where): log(1 +
             # x) - x's gradient 1/(1 + x) - 1 was 0 in float32 at x = 1e-8 (a fourth accuracy
             # hunt). Its own derivative cancels at large D, which has_offset_quotient sees.
-            # An affine D cannot overflow (_affine): the plain quotient. Any other is taken
-            # finite, as A = B + D is, so that the quotient is 1 where they overflow, not
-            # inf/inf, and kept whole (norm_ratio), so that no number multiplies D first
-            # and overflows it (3/(2 + x**2) - 3/2). (A is B + D as written, not B +
-            # finite(D): the difference-of-squares pass factors it, exact near its root,
-            # 1/(1 - x**2) - 1 near x = 1, found in review; and in float16 B + 65504 would
-            # round to inf from B = 16. hypot's D and A are finite.)
+            # (D/A as _excess_over_base writes it; for an affine D, the number times D first,
+            # as SymPy spreads it into the sum.)
             if _affine(excess):
                 return others + constant * excess / power.base  # (constant == -k/B)
-            if isinstance(excess, hypot_excess):
-                return others - (k / b) * norm_ratio(excess, b + excess)
-            return others - (k / b) * norm_ratio(finite(excess), finite(b + excess))
+            return others - (k / b) * _excess_over_base(power.base, b, excess)
         if b.is_positive and _bounded_above(excess):
             roots = _root_power_difference(power.base, b, excess, p)
             if roots is not None:
                 return others + k * roots
+        if p < -1 and (b.is_positive or p.is_Integer):
+            reciprocal = _reciprocal_power_difference(power.base, b, excess, -p)
+            if reciprocal is not None:
+                return others + k * reciprocal
         if b.is_positive or p.is_Integer:
             return others + k * power_excess(excess, b, p)
     return None
@@ -1391,6 +1392,39 @@ def _root_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, p: 
     if whole == 0:
         return fraction
     return a**whole * fraction + s**m * excess * _power_difference_quotient(a, b, whole)
+
+
+def _excess_over_base(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr) -> sympy.Expr:
+    """``excess/a`` for ``a = b + excess``, finite where ``excess`` overflows: an affine
+    ``excess`` cannot (_affine), a plain quotient; hypot's excess and ``a`` are finite; any
+    other is taken finite, as ``b + excess`` is, so that the quotient is 1 there, not inf/inf.
+    Kept whole (norm_ratio), so that no number multiplies ``excess`` first and overflows it
+    (``3/(2 + x**2) - 3/2``). (``b + excess`` as written, not ``b + finite(excess)``: the
+    difference-of-squares pass factors it, exact near its root, ``1/(1 - x**2) - 1`` near
+    x = 1, found in review; and in float16 ``16 + 65504`` would round to inf.)"""
+    if _affine(excess):
+        return excess / a
+    if isinstance(excess, hypot_excess):
+        return norm_ratio(excess, b + excess)
+    return norm_ratio(finite(excess), finite(b + excess))
+
+
+def _reciprocal_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, power: sympy.Expr) -> sympy.Expr | None:
+    """``a**-power - b**-power`` for ``power > 1``, as ``a'**power - b'**power`` of the
+    reciprocals ``a' = 1/a`` and ``b' = 1/b``, whose difference is ``-(excess/a)/b``: for
+    an integer ``power`` up to 8, ``(a' - b')*S(a', b')`` (_power_difference_quotient), for
+    ``j + m/q``, _root_power_difference's sums. Every term is a power of ``1/a``, small where
+    ``a`` is large: as ``-(a**n - b**n)/(a**n*b**n)`` it was inf/inf where ``a**n``
+    overflows, so power_excess's where took these (Barron's loss with alpha = -4,
+    ``(1 + x**2/6)**-2 - 1``); else None."""
+    power = _integer_if_whole(power)
+    smaller = 1 / a
+    difference = -_excess_over_base(a, b, excess) / b
+    if power.is_Integer:
+        if power > _QUOTIENT_MAX_DEGREE:
+            return None
+        return difference * _power_difference_quotient(smaller, 1 / b, int(power))
+    return _root_power_difference(smaller, 1 / b, difference, power)
 
 
 def _bounded_above(excess: sympy.Expr) -> bool:
