@@ -102,7 +102,7 @@ def _elementary_or_self(expr: sympy.Expr) -> sympy.Expr:
 def derive(parsed: Parsed) -> Derivation:
     """Differentiate every output by every input, simplify within bounds, stabilise."""
     surrogates = dict(parsed.surrogates)
-    forward = tuple(stabilize(out.expr) for out in parsed.outputs)
+    forward = tuple(stabilize(out.expr, root_sums=True) for out in parsed.outputs)
     identities: set[str] = set()
     forward = _cheaper_forms(forward, identities, parsed.spec.fuse)
     for index, expr in enumerate(forward):

@@ -33,11 +33,12 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
      ``c*sigmoid(a) - c*sigmoid(b)``, a number apart, -> a product (_rule_sigmoid_difference);
      a power minus its value at 0, ``A**p - B**p`` -> ``(A - B)*S`` for an integer p from 1
      to 8, ``S`` the sum of ``A**j*B**(p-1-j)``, ``-(A - B)/(A*B)`` for p = -1 (``c/(a + v) -
-     c/a`` -> ``-c*v/(a*(a + v))``), for ``p = j + m/q`` with ``q`` up to 4 (or ``-m/q``)
-     ``r**m - s**m`` of the roots ``r = A**(1/q)``, ``s = B**(1/q)``, with ``r - s =
-     (A - B)/(r**(q-1) + ... + s**(q-1))`` (_root_power_difference), for p < -1 the same
-     of ``1/A`` and ``1/B`` (_reciprocal_power_difference), else ``power_excess`` (the expm1
-     form near 0) (_rule_power_minus_value).
+     c/a`` -> ``-c*v/(a*(a + v))``), in the forward's formulas for ``p = j + m/q`` with
+     ``q`` 2 or 4 (or ``-m/q``) ``r**m - s**m`` of the roots ``r = A**(1/q)``, ``s =
+     B**(1/q)``, with ``r - s = (A - B)/(r**(q-1) + ... + s**(q-1))``
+     (_root_power_difference), for p < -1 the same of ``1/A`` and ``1/B``
+     (_reciprocal_power_difference), else ``power_excess`` (the expm1 form near 0)
+     (_rule_power_minus_value).
    - ratios of exponentials: a product with a factor ``(p1*exp(a1) + p2*exp(a2))**-k``,
      ``cosh(u)**-k`` or ``sigmoid(u)**k`` (next to an ``exp``) is rewritten term by term as
      ``exp(r) * sigmoid(w)**j * sigmoid(-w)**(k-j)``, with the exponent ``j`` taken from the
@@ -89,6 +90,7 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import itertools
 
@@ -127,11 +129,29 @@ _FACTOR_MAX_DEGREE = 6  # ... nor those of exp(k*u) with k's numerator or denomi
 _HYPOT_SUM_MAX_TERMS = 24  # sums with more terms are not searched for hypot(u, b) +- u pairs
 
 
-def stabilize(expr: sympy.Expr) -> sympy.Expr:
-    """Rewrite ``expr`` into an equal form that is finite and accurate on more inputs."""
-    expr = stable_closed_form(expr)
-    expr = _removable_singularities(expr)
-    expr = _guard_piecewise(expr)
+# Whether _rule_power_minus_value may write a power minus its value as sums of roots or of
+# reciprocals (stabilize's root_sums): set for the forward's formulas only.
+_ROOT_SUMS = contextvars.ContextVar("root_sums", default=False)
+
+
+def stabilize(expr: sympy.Expr, *, root_sums: bool = False) -> sympy.Expr:
+    """Rewrite ``expr`` into an equal form that is finite and accurate on more inputs.
+
+    ``root_sums``: write a power minus its value with a fractional or negative exponent as
+    sums of roots or reciprocals (_root_power_difference), which need no where, for a
+    formula that is only evaluated, such as the forward's. A derivative formula keeps
+    power_excess: autograd's derivative of the sums (double backward), through the roots,
+    cancels where a root nears 0 (``(1 + x)**2.5/2.5 - x``'s second derivative was 950
+    float32 ulps off at x = -0.9999999 and nan at -1) and lost 4.7e7 ulps at large x
+    (``x*((1 + x**2)**-0.25 - 1)``'s at 1e10); power_excess's is exact (found in review).
+    """
+    token = _ROOT_SUMS.set(root_sums)
+    try:
+        expr = stable_closed_form(expr)
+        expr = _removable_singularities(expr)
+        expr = _guard_piecewise(expr)
+    finally:
+        _ROOT_SUMS.reset(token)
     return expr
 
 
@@ -1301,17 +1321,19 @@ def _rule_power_minus_value(node: sympy.Expr):
     - ``p = -1`` -> ``-(k/B)*(D/(B + D))``, a quotient without a where: ``c/(a + v) +
       k``, ``1/(1 + x) - 1`` (log(1 + x) - x's gradient) and ``1/(1 + x**2) - 1`` (atan's
       derivative minus 1).
-    - ``p = j + m/q`` (``0 < m < q <= 4``, ``j`` up to 8) or ``p = -m/q``, for ``B > 0``
-      and a ``D`` that cannot overflow to +inf -> sums of positive terms in the roots ``r =
-      A**(1/q)`` and ``s = B**(1/q)`` (_root_power_difference): no where, and no term
-      cancels (power_excess's where took Barron's loss from 8.1 to 13.5-16.5 ms a forward
-      plus backward at 1e6 float32, where eager autograd took 9.7).
-    - ``p < -1``, an integer down to -8 or ``-(j + m/q)`` as above -> the same sums of the
-      reciprocals ``1/A`` and ``1/B``, whose difference is ``-(D/A)/B``
+    - In the forward's formulas (stabilize's root_sums), ``p = j + m/q`` (``0 < m < q``,
+      ``q`` 2 or 4, ``j`` up to 8; for ``p > 0`` a ``D`` that cannot overflow to +inf) or
+      ``p = -m/q``, for ``B > 0`` -> sums of positive terms in the roots ``r = A**(1/q)``
+      and ``s = B**(1/q)`` (_root_power_difference): no where, and no term cancels
+      (power_excess's where took Barron's loss from 8.1 to 13.5-16.5 ms a forward plus
+      backward at 1e6 float32, where eager autograd took 9.7).
+    - There too, ``p < -1``, an integer down to -8 or ``-(j + m/q)`` as above -> the same
+      sums of the reciprocals ``1/A`` and ``1/B``, whose difference is ``-(D/A)/B``
       (_reciprocal_power_difference): each term is a power of ``1/A``, small where ``A``
       is large. (Not ``-D*S/(A**n*B**n)``: inf/inf where ``A**n`` overflows.)
-    - Any other ``p``, for ``B > 0`` or an integer ``p`` -> ``k*power_excess(D, B, p)``:
-      ``expm1(p*log1p(D/B))`` near 0, as written far from it.
+    - Any other ``p``, and any in a derivative formula, for ``B > 0`` or an integer ``p``
+      -> ``k*power_excess(D, B, p)``: ``expm1(p*log1p(D/B))`` near 0, as written far from
+      it.
 
     (After the rules that have forms of their own: a square root's minus a number is
     _rule_root_excess's.)"""
@@ -1344,11 +1366,11 @@ def _rule_power_minus_value(node: sympy.Expr):
             if _affine(excess):
                 return others + constant * excess / power.base  # (constant == -k/B)
             return others - (k / b) * _excess_over_base(power.base, b, excess)
-        if b.is_positive and _bounded_above(excess):
+        if _ROOT_SUMS.get() and b.is_positive and (p < 0 or _bounded_above(excess)):
             roots = _root_power_difference(power.base, b, excess, p)
             if roots is not None:
                 return others + k * roots
-        if p < -1 and (b.is_positive or p.is_Integer):
+        if _ROOT_SUMS.get() and p < -1 and (b.is_positive or p.is_Integer):
             reciprocal = _reciprocal_power_difference(power.base, b, excess, -p)
             if reciprocal is not None:
                 return others + k * reciprocal
@@ -1357,59 +1379,85 @@ def _rule_power_minus_value(node: sympy.Expr):
     return None
 
 
-_ROOT_MAX_DENOMINATOR = 4  # square, cube and fourth roots: one pow (or sqrt) each
+# Square and fourth roots: one sqrt or pow each, of an exponent a float holds. (Not cube
+# roots: pow(A, 0.3333333333333333) is ln(A)*1.8e-17 off relative, which the sums
+# multiplied, 11 float64 ulps for (1 + x)**(-2/3) - 1 at x = 1e10 against 0.3 as written;
+# found in review.)
+_ROOT_DENOMINATORS = (2, 4)
 
 
 def _root_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, p: sympy.Expr) -> sympy.Expr | None:
     """``a**p - b**p`` for a number ``b > 0`` and ``excess = a - b``, as sums of positive
     terms in the roots ``r = a**(1/q)`` and ``s = b**(1/q)``, where ``p`` is ``j + m/q``
-    (``0 < m < q <= 4``, ``0 <= j <= 8``) or ``-m/q``; else None.
+    (``0 < m < q``, ``q`` 2 or 4, ``0 <= j <= 8``) or ``-m/q``; else None.
 
     ``r - s = excess/(r**(q-1) + r**(q-2)*s + ... + s**(q-1))``, a quotient of terms of one
     sign (kept whole, norm_ratio, so that ``excess`` is not multiplied first and overflows),
     and then, by _power_difference_quotient's sums of positive terms:
 
     - ``a**p - b**p = a**j*(r - s)*S_m(r, s) + s**m*excess*S_j(a, b)``;
-    - ``a**(-m/q) - b**(-m/q) = -(r - s)*S_m(r, s)/(r**m*s**m)``.
+    - ``a**(-m/q) - b**(-m/q) = -((r - s)*S_m(r, s)/r**m)/s**m``, the quotient by ``r**m``
+      kept whole too, at most ``1 - (s/r)**m`` in size: a factor outside it would otherwise
+      multiply ``excess`` first (``x*((1 + x)**-0.5 - 1)`` was -inf in float32 from x =
+      5e25; found in review). Where ``excess`` can overflow, it and ``a`` are taken finite
+      (stable_functions.finite): the value tends to ``-b**p`` there, and the quotient
+      ``inf/inf`` was nan.
 
     Each loses a few ulps of the value at most, near ``a = b`` and far from it, without
     power_excess's where. (Not for ``p <= -1``: ``a**|p|`` would overflow where the value
-    is only small, as for a negative integer.) A Float exponent is read exactly (0.25 is
-    1/4, 7.5 is 15/2).
+    is only small; _reciprocal_power_difference's.) A Float exponent is read exactly (0.25
+    is 1/4, 7.5 is 15/2), and a Float ``b`` too, so that its roots are rounded once.
     """
     rational = sympy.Rational(p)
     q = rational.q
-    if not 2 <= q <= _ROOT_MAX_DENOMINATOR or rational <= -1:
+    if q not in _ROOT_DENOMINATORS or rational <= -1:
         return None
     whole, m = divmod(abs(rational.p), q)
     if whole > _QUOTIENT_MAX_DEGREE:
         return None
-    r, s = a ** sympy.Rational(1, q), b ** sympy.Rational(1, q)
+    if rational < 0 and not _cannot_overflow(excess):
+        a, excess = finite(a), finite(excess)
+    r, s = a ** sympy.Rational(1, q), _exact(b) ** sympy.Rational(1, q)
     root_difference = norm_ratio(excess, _power_difference_quotient(r, s, q))
     fraction = root_difference * _power_difference_quotient(r, s, m)
     if rational < 0:
-        return -fraction / (r**m * s**m)
+        return -norm_ratio(fraction, r**m) / s**m
     if whole == 0:
         return fraction
     return a**whole * fraction + s**m * excess * _power_difference_quotient(a, b, whole)
 
 
-def _excess_over_base(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr) -> sympy.Expr:
-    """``excess/a`` for ``a = b + excess``, finite where ``excess`` overflows: an affine
-    ``excess`` cannot (_affine), a plain quotient; hypot's excess and ``a`` are finite; any
-    other is taken finite, as ``b + excess`` is, so that the quotient is 1 there, not inf/inf.
-    Kept whole (norm_ratio), so that no number multiplies ``excess`` first and overflows it
-    (``3/(2 + x**2) - 3/2``). (``b + excess`` as written, not ``b + finite(excess)``: the
-    difference-of-squares pass factors it, exact near its root, ``1/(1 - x**2) - 1`` near
-    x = 1, found in review; and in float16 ``16 + 65504`` would round to inf.)"""
-    if _affine(excess):
-        return excess / a
+def _exact(number: sympy.Expr) -> sympy.Expr:
+    """A Float as the Rational it holds, so that a root or reciprocal of it is evaluated
+    exactly and rounded once when printed (SymPy evaluates ``Float(1e6)**(1/3)`` at 15
+    digits, printed 99.99999999999997; found in review)."""
+    return sympy.Rational(number) if number.is_Float else number
+
+
+def _cannot_overflow(excess: sympy.Expr) -> bool:
+    """Whether ``excess`` is finite wherever the inputs are: hypot's excess, or one input
+    times a number at most 1 in size (``3*x - 2*y`` overflows from x = 1.1e38 in float32)."""
     if isinstance(excess, hypot_excess):
+        return True
+    scale, rest = excess.as_coeff_Mul()
+    return rest.is_Symbol and abs(scale) <= 1
+
+
+def _excess_over_base(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr) -> sympy.Expr:
+    """``excess/a`` for ``a = b + excess``, kept whole (norm_ratio), so that no factor
+    multiplies ``excess`` first and overflows it (``3/(2 + x**2) - 3/2``), and finite where
+    ``excess`` overflows: one that can is taken finite, as ``b + excess`` is, so that the
+    quotient is 1 there, not inf/inf. (``b + excess`` as written, not ``b + finite(excess)``:
+    the difference-of-squares pass factors it, exact near its root, ``1/(1 - x**2) - 1``
+    near x = 1, found in review; and in float16 ``16 + 65504`` would round to inf.)"""
+    if _cannot_overflow(excess):
         return norm_ratio(excess, b + excess)
     return norm_ratio(finite(excess), finite(b + excess))
 
 
-def _reciprocal_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, power: sympy.Expr) -> sympy.Expr | None:
+def _reciprocal_power_difference(
+    a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, power: sympy.Expr
+) -> sympy.Expr | None:
     """``a**-power - b**-power`` for ``power > 1``, as ``a'**power - b'**power`` of the
     reciprocals ``a' = 1/a`` and ``b' = 1/b``, whose difference is ``-(excess/a)/b``: for
     an integer ``power`` up to 8, ``(a' - b')*S(a', b')`` (_power_difference_quotient), for
@@ -1418,20 +1466,22 @@ def _reciprocal_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Exp
     overflows, so power_excess's where took these (Barron's loss with alpha = -4,
     ``(1 + x**2/6)**-2 - 1``); else None."""
     power = _integer_if_whole(power)
-    smaller = 1 / a
-    difference = -_excess_over_base(a, b, excess) / b
+    smaller, smaller_b = 1 / a, 1 / _exact(b)
+    difference = -_excess_over_base(a, b, excess) * smaller_b
     if power.is_Integer:
         if power > _QUOTIENT_MAX_DEGREE:
             return None
-        return difference * _power_difference_quotient(smaller, 1 / b, int(power))
-    return _root_power_difference(smaller, 1 / b, difference, power)
+        return difference * _power_difference_quotient(smaller, smaller_b, int(power))
+    return _root_power_difference(smaller, smaller_b, difference, power)
 
 
 def _bounded_above(excess: sympy.Expr) -> bool:
     """Whether ``excess`` stays finite where the inputs are, or can only overflow to -inf:
-    a root of ``b + excess`` is inf/inf where it overflows to +inf, and the difference as
-    written was inf."""
-    return _affine(excess) or isinstance(excess, hypot_excess) or bool(excess.is_nonpositive)
+    for ``p > 0`` a root of ``b + excess`` is inf/inf where it overflows to +inf, where the
+    difference as written was inf (taken finite, it would be a wrong finite number: the
+    value grows with ``excess``; ``3*x - 2*y`` overflows from x = 1.1e38 in float32, found
+    in review)."""
+    return _cannot_overflow(excess) or bool(excess.is_nonpositive)
 
 
 def _integer_if_whole(p: sympy.Expr) -> sympy.Expr:

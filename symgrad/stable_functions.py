@@ -532,9 +532,10 @@ def _dyadic_toward_zero(value: mpmath.mpf, bits: int = 6) -> sympy.Rational:
 
 class power_excess(ExpandedFunction):  # noqa: N801
     """``(a + u)**p - a**p`` for numbers ``a > 0`` and ``p``, or ``a != 0`` and an integer
-    ``p`` (stable._rule_power_minus_value, for the exponents that have no polynomial nor
-    sum of roots of their own): ``a**p*expm1(p*log1p(u/a))`` where ``|p*log1p(u/a)| <= R``, ``R = max(1,
-    |p|/2)``, and as written elsewhere.
+    ``p`` (stable._rule_power_minus_value, for the exponents that have no polynomial of
+    their own, and in derivative formulas those with sums of roots, whose autograd
+    derivative is not exact): ``a**p*expm1(p*log1p(u/a))`` where ``|p*log1p(u/a)| <= R``,
+    ``R = max(1, |p|/2)``, and as written elsewhere.
 
     As written the power rounds to ``a**p`` near ``u = 0``, and the difference to 0:
     Barron's robust loss ``2*((1 + x**2/2)**0.25 - 1)`` was 0 in float32 at x = 1e-4 (a
