@@ -111,6 +111,17 @@ def _xlogy(x, y):
     return mpmath.mpf(0) if x == 0 else x * mpmath.log(y)
 
 
+def _shifted_power_case(name: str, exponent: str, extra_points: tuple[float, ...]) -> Case:
+    """``(1 + x)**exponent - 1`` on x > -1, at points near 0, near -1 and far."""
+    return Case(
+        name,
+        f"(1 + x)**{exponent} - 1",
+        lambda x: (1 + x) ** mpmath.mpf(exponent) - 1,
+        where=lambda x: x > -1,
+        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.5, -0.99, 3.0, 100.0, 1e4) + extra_points),
+    )
+
+
 CASES = [
     Case("softplus", "log(1+exp(x))", lambda x: mpmath.log(1 + mpmath.exp(x)), kernel=F.softplus),
     Case("softplus_neg", "log(1+exp(-x))", lambda x: mpmath.log(1 + mpmath.exp(-x))),
@@ -278,20 +289,8 @@ CASES = [
     # roots, a negative fraction, and an A that only falls (A <= B); and a cube root, which
     # keeps power_excess (pow's inexact exponent 1/3 cost up to 44 float64 ulps in the sums;
     # found in review)
-    Case(
-        "power_minus_value_root",
-        "(1 + x)**1.5 - 1",
-        lambda x: (1 + x) ** mpmath.mpf(1.5) - 1,
-        where=lambda x: x > -1,
-        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.5, -0.99, -0.9999999, 3.0, 100.0, 1e4, 1e20)),
-    ),
-    Case(
-        "power_minus_value_negative_root",
-        "(1 + x)**-0.75 - 1",
-        lambda x: (1 + x) ** mpmath.mpf(-0.75) - 1,
-        where=lambda x: x > -1,
-        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.5, -0.99, -0.9999, 3.0, 100.0, 1e4, 1e30)),
-    ),
+    _shifted_power_case("power_minus_value_root", "1.5", (-0.9999999, 1e20)),
+    _shifted_power_case("power_minus_value_negative_root", "-0.75", (-0.9999, 1e30)),
     Case(
         "power_minus_value_cube_root",
         "(1 + x**2)**(1/3) - 1",
@@ -305,13 +304,7 @@ CASES = [
         "-1.5*((1 + x**2/6)**-2 - 1)",
         lambda x: mpmath.mpf(-1.5) * ((1 + x**2 / 6) ** -2 - 1),
     ),
-    Case(
-        "power_minus_value_negative",
-        "(1 + x)**-2.5 - 1",
-        lambda x: (1 + x) ** mpmath.mpf(-2.5) - 1,
-        where=lambda x: x > -1,
-        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.5, -0.99, -0.9999, 3.0, 100.0, 1e4, 1e30)),
-    ),
+    _shifted_power_case("power_minus_value_negative", "-2.5", (-0.9999, 1e30)),
     Case(
         "power_minus_value_falling",
         "(1 - x**2)**1.5 - 1",
