@@ -1327,10 +1327,10 @@ def _rule_power_minus_value(node: sympy.Expr):
       and ``s = B**(1/q)`` (_root_power_difference): no where, and no term cancels
       (power_excess's where took Barron's loss from 8.1 to 13.5-16.5 ms a forward plus
       backward at 1e6 float32, where eager autograd took 9.7).
-    - There too, ``p < -1``, an integer down to -8 or ``-(j + m/q)`` as above -> the same
-      sums of the reciprocals ``1/A`` and ``1/B``, whose difference is ``-(D/A)/B``
-      (_reciprocal_power_difference): each term is a power of ``1/A``, small where ``A``
-      is large. (Not ``-D*S/(A**n*B**n)``: inf/inf where ``A**n`` overflows.)
+    - There too, ``p < -1`` for ``B > 0``, an integer down to -8 or ``-(j + m/q)`` as
+      above -> the same sums of the reciprocals ``1/A`` and ``1/B``, whose difference is
+      ``-(D/A)/B`` (_reciprocal_power_difference): each term is a power of ``1/A``, small
+      where ``A`` is large. (Not ``-D*S/(A**n*B**n)``: inf/inf where ``A**n`` overflows.)
     - Any other ``p``, and any in a derivative formula, for ``B > 0`` or an integer ``p``
       -> ``k*power_excess(D, B, p)``: ``expm1(p*log1p(D/B))`` near 0, as written far from
       it.
@@ -1370,7 +1370,7 @@ def _rule_power_minus_value(node: sympy.Expr):
             roots = _root_power_difference(power.base, b, excess, p)
             if roots is not None:
                 return others + k * roots
-        if _ROOT_SUMS.get() and p < -1 and (b.is_positive or p.is_Integer):
+        if _ROOT_SUMS.get() and p < -1 and b.is_positive:
             reciprocal = _reciprocal_power_difference(power.base, b, excess, -p)
             if reciprocal is not None:
                 return others + k * reciprocal
@@ -1408,30 +1408,48 @@ def _root_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, p: 
     is only small; _reciprocal_power_difference's.) A Float exponent is read exactly (0.25
     is 1/4, 7.5 is 15/2), and a Float ``b`` too, so that its roots are rounded once.
     """
-    rational = sympy.Rational(p)
-    q = rational.q
-    if q not in _ROOT_DENOMINATORS or rational <= -1:
+    parts = _fraction_parts(p)
+    if parts is None or p <= -1:
         return None
-    whole, m = divmod(abs(rational.p), q)
-    if whole > _QUOTIENT_MAX_DEGREE:
-        return None
-    if rational < 0 and not _cannot_overflow(excess):
+    whole, m, q = parts
+    if p < 0 and not _cannot_overflow(excess):
         a, excess = finite(a), finite(excess)
-    r, s = a ** sympy.Rational(1, q), _exact(b) ** sympy.Rational(1, q)
+    r, s = a ** sympy.Rational(1, q), _root_of(b, q)
     root_difference = norm_ratio(excess, _power_difference_quotient(r, s, q))
-    fraction = root_difference * _power_difference_quotient(r, s, m)
-    if rational < 0:
+    if p < 0:
+        fraction = root_difference * _power_difference_quotient(r, s, m)
         return -norm_ratio(fraction, r**m) / s**m
+    return _root_sums(a, b, excess, whole, m, r, s, root_difference)
+
+
+def _fraction_parts(p: sympy.Expr) -> tuple[int, int, int] | None:
+    """``(j, m, q)`` with ``|p| = j + m/q``, ``0 < m < q``, for a ``q`` in
+    _ROOT_DENOMINATORS and ``j`` up to _QUOTIENT_MAX_DEGREE; else None."""
+    rational = sympy.Rational(p)
+    if rational.q not in _ROOT_DENOMINATORS:
+        return None
+    whole, m = divmod(abs(rational.p), rational.q)
+    return None if whole > _QUOTIENT_MAX_DEGREE else (whole, m, rational.q)
+
+
+def _root_sums(a, b, excess, whole: int, m: int, r, s, root_difference) -> sympy.Expr:
+    """``a**(j + m/q) - b**(j + m/q) = a**j*(r - s)*S_m(r, s) + s**m*excess*S_j(a, b)``
+    for the roots ``r`` and ``s`` of ``a`` and ``b`` and their difference."""
+    fraction = root_difference * _power_difference_quotient(r, s, m)
     if whole == 0:
         return fraction
     return a**whole * fraction + s**m * excess * _power_difference_quotient(a, b, whole)
 
 
-def _exact(number: sympy.Expr) -> sympy.Expr:
-    """A Float as the Rational it holds, so that a root or reciprocal of it is evaluated
-    exactly and rounded once when printed (SymPy evaluates ``Float(1e6)**(1/3)`` at 15
-    digits, printed 99.99999999999997; found in review)."""
-    return sympy.Rational(number) if number.is_Float else number
+def _root_of(number: sympy.Expr, q: int) -> sympy.Expr:
+    """``number**(1/q)``; of a Float, from the Rational it holds at 30 digits, so that it is
+    rounded once when printed (SymPy evaluates ``Float(1e6)**(1/3)`` at 15 digits, printed
+    99.99999999999997; found in review), and a number, not a quotient of big integers that
+    SymPy pulls out of the sums (0.3's reciprocal's made a coefficient 2.9e-47, 0 in float32:
+    nan at every x for ``(0.3 + x)**-4.25 - 0.3**-4.25``; found in a second review)."""
+    if number.is_Float:
+        return (sympy.Rational(number) ** sympy.Rational(1, q)).evalf(30)
+    return number ** sympy.Rational(1, q)
 
 
 def _cannot_overflow(excess: sympy.Expr) -> bool:
@@ -1458,21 +1476,32 @@ def _excess_over_base(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr) -> sympy
 def _reciprocal_power_difference(
     a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, power: sympy.Expr
 ) -> sympy.Expr | None:
-    """``a**-power - b**-power`` for ``power > 1``, as ``a'**power - b'**power`` of the
-    reciprocals ``a' = 1/a`` and ``b' = 1/b``, whose difference is ``-(excess/a)/b``: for
+    """``a**-power - b**-power`` for ``power > 1`` and a number ``b > 0``, as ``a'**power -
+    b'**power`` of the reciprocals ``a' = 1/a`` and ``b' = 1/b``, whose difference is
+    ``-(excess/a)/b``: for
     an integer ``power`` up to 8, ``(a' - b')*S(a', b')`` (_power_difference_quotient), for
     ``j + m/q``, _root_power_difference's sums. Every term is a power of ``1/a``, small where
     ``a`` is large: as ``-(a**n - b**n)/(a**n*b**n)`` it was inf/inf where ``a**n``
     overflows, so power_excess's where took these (Barron's loss with alpha = -4,
     ``(1 + x**2/6)**-2 - 1``); else None."""
     power = _integer_if_whole(power)
-    smaller, smaller_b = 1 / a, 1 / _exact(b)
+    smaller, smaller_b = 1 / a, _root_of(b, -1)  # (1/b)
     difference = -_excess_over_base(a, b, excess) * smaller_b
     if power.is_Integer:
         if power > _QUOTIENT_MAX_DEGREE:
             return None
         return difference * _power_difference_quotient(smaller, smaller_b, int(power))
-    return _root_power_difference(smaller, smaller_b, difference, power)
+    parts = _fraction_parts(power)
+    if parts is None:
+        return None
+    whole, m, q = parts
+    # 1/r - 1/s from the roots of a, -((r - s)/r)/s: at a = 0 it is inf, where the root of
+    # 1/a, inf, would make the quotient inf/inf (found in a second review)
+    if not _cannot_overflow(excess):
+        a, excess = finite(a), finite(excess)
+    r, s = a ** sympy.Rational(1, q), _root_of(b, q)
+    root_difference = -norm_ratio(norm_ratio(excess, _power_difference_quotient(r, s, q)), r) / s
+    return _root_sums(smaller, smaller_b, difference, whole, m, 1 / r, 1 / s, root_difference)
 
 
 def _bounded_above(excess: sympy.Expr) -> bool:

@@ -305,6 +305,16 @@ CASES = [
         lambda x: mpmath.mpf(-1.5) * ((1 + x**2 / 6) ** -2 - 1),
     ),
     _shifted_power_case("power_minus_value_negative", "-2.5", (-0.9999, 1e30)),
+    # (a Float B that is no dyadic number: its reciprocal's exact Rational, a quotient of big
+    # integers, left a coefficient 2.9e-47 in the sums, 0 in float32, nan at every x; found
+    # in a second review)
+    Case(
+        "power_minus_value_float_base",
+        "(0.3 + x)**-4.25 - 0.3**-4.25",
+        lambda x: (mpmath.mpf(0.3) + x) ** mpmath.mpf(-4.25) - mpmath.mpf(0.3) ** mpmath.mpf(-4.25),
+        where=lambda x: x > -0.3,
+        points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.2, 3.0, 30.0, 1e4, 1e30)),
+    ),
     Case(
         "power_minus_value_falling",
         "(1 - x**2)**1.5 - 1",
@@ -946,7 +956,9 @@ def test_rewrites_found_by_the_fourth_accuracy_hunt_reach_their_forms():
     forward = functools.partial(stabilize, root_sums=True)
     # (a negative power below -1 as the same sums of the reciprocals 1/A and 1/B, whose
     # difference is -(D/A)/B: every term is small where A is large)
-    assert forward((x - 1) ** -2 - 1) == (1 / (x - 1) - 1) * sf.norm_ratio(x, x - 1)
+    # (for B > 0: with B < 0 an even power's factor 1/A + 1/B cancels near A = -B, 844
+    # float64 ulps for (x - 2)**-4 - 1/16 at x = 3.999; found in a second review)
+    assert forward((x - 1) ** -2 - 1) == sf.power_excess(x, -1, -2)
     assert forward((1 + x) ** -2 - 1) == -((1 + 1 / (x + 1)) * sf.norm_ratio(x, x + 1))
     # (D/A kept whole, and taken finite where D can overflow: 3*x - 2*y from 1.1e38 in
     # float32; found in review)
