@@ -1412,9 +1412,9 @@ def _root_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, p: 
     if parts is None or p <= -1:
         return None
     whole, m, q = parts
-    if p < 0 and not _cannot_overflow(excess):
-        a, excess = finite(a), finite(excess)
-    r, s = a ** sympy.Rational(1, q), _root_of(b, q)
+    if p < 0:
+        a, excess = _finite_where_it_overflows(a, excess)
+    r, s = a ** sympy.Rational(1, q), _number_power(b, sympy.Rational(1, q))
     root_difference = norm_ratio(excess, _power_difference_quotient(r, s, q))
     if p < 0:
         fraction = root_difference * _power_difference_quotient(r, s, m)
@@ -1441,15 +1441,15 @@ def _root_sums(a, b, excess, whole: int, m: int, r, s, root_difference) -> sympy
     return a**whole * fraction + s**m * excess * _power_difference_quotient(a, b, whole)
 
 
-def _root_of(number: sympy.Expr, q: int) -> sympy.Expr:
-    """``number**(1/q)``; of a Float, from the Rational it holds at 30 digits, so that it is
-    rounded once when printed (SymPy evaluates ``Float(1e6)**(1/3)`` at 15 digits, printed
+def _number_power(number: sympy.Expr, exponent: sympy.Rational) -> sympy.Expr:
+    """``number**exponent`` (a root, or the reciprocal); of a Float, from the Rational it
+    holds, at 30 digits, so that it is rounded once when printed (SymPy evaluates ``Float(1e6)**(1/3)`` at 15 digits, printed
     99.99999999999997; found in review), and a number, not a quotient of big integers that
     SymPy pulls out of the sums (0.3's reciprocal's made a coefficient 2.9e-47, 0 in float32:
     nan at every x for ``(0.3 + x)**-4.25 - 0.3**-4.25``; found in a second review)."""
     if number.is_Float:
-        return (sympy.Rational(number) ** sympy.Rational(1, q)).evalf(30)
-    return number ** sympy.Rational(1, q)
+        return (sympy.Rational(number) ** exponent).evalf(30)
+    return number**exponent
 
 
 def _cannot_overflow(excess: sympy.Expr) -> bool:
@@ -1468,9 +1468,16 @@ def _excess_over_base(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr) -> sympy
     quotient is 1 there, not inf/inf. (``b + excess`` as written, not ``b + finite(excess)``:
     the difference-of-squares pass factors it, exact near its root, ``1/(1 - x**2) - 1``
     near x = 1, found in review; and in float16 ``16 + 65504`` would round to inf.)"""
-    if _cannot_overflow(excess):
-        return norm_ratio(excess, b + excess)
-    return norm_ratio(finite(excess), finite(b + excess))
+    a, excess = _finite_where_it_overflows(b + excess, excess)
+    return norm_ratio(excess, a)
+
+
+def _finite_where_it_overflows(*values: sympy.Expr) -> tuple[sympy.Expr, ...]:
+    """``values`` (the last of them an excess) as they are where the excess cannot
+    overflow (_cannot_overflow), else each taken finite (stable_functions.finite)."""
+    if _cannot_overflow(values[-1]):
+        return values
+    return tuple(finite(v) for v in values)
 
 
 def _reciprocal_power_difference(
@@ -1478,14 +1485,13 @@ def _reciprocal_power_difference(
 ) -> sympy.Expr | None:
     """``a**-power - b**-power`` for ``power > 1`` and a number ``b > 0``, as ``a'**power -
     b'**power`` of the reciprocals ``a' = 1/a`` and ``b' = 1/b``, whose difference is
-    ``-(excess/a)/b``: for
-    an integer ``power`` up to 8, ``(a' - b')*S(a', b')`` (_power_difference_quotient), for
-    ``j + m/q``, _root_power_difference's sums. Every term is a power of ``1/a``, small where
+    ``-(excess/a)/b``: for an integer ``power`` up to 8, ``(a' - b')*S(a', b')``
+    (_power_difference_quotient), for ``j + m/q``, _root_power_difference's sums. Every term is a power of ``1/a``, small where
     ``a`` is large: as ``-(a**n - b**n)/(a**n*b**n)`` it was inf/inf where ``a**n``
     overflows, so power_excess's where took these (Barron's loss with alpha = -4,
     ``(1 + x**2/6)**-2 - 1``); else None."""
     power = _integer_if_whole(power)
-    smaller, smaller_b = 1 / a, _root_of(b, -1)  # (1/b)
+    smaller, smaller_b = 1 / a, _number_power(b, sympy.S.NegativeOne)
     difference = -_excess_over_base(a, b, excess) * smaller_b
     if power.is_Integer:
         if power > _QUOTIENT_MAX_DEGREE:
@@ -1497,9 +1503,8 @@ def _reciprocal_power_difference(
     whole, m, q = parts
     # 1/r - 1/s from the roots of a, -((r - s)/r)/s: at a = 0 it is inf, where the root of
     # 1/a, inf, would make the quotient inf/inf (found in a second review)
-    if not _cannot_overflow(excess):
-        a, excess = finite(a), finite(excess)
-    r, s = a ** sympy.Rational(1, q), _root_of(b, q)
+    a, excess = _finite_where_it_overflows(a, excess)
+    r, s = a ** sympy.Rational(1, q), _number_power(b, sympy.Rational(1, q))
     root_difference = -norm_ratio(norm_ratio(excess, _power_difference_quotient(r, s, q)), r) / s
     return _root_sums(smaller, smaller_b, difference, whole, m, 1 / r, 1 / s, root_difference)
 

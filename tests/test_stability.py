@@ -992,8 +992,12 @@ def test_rewrites_found_by_the_fourth_accuracy_hunt_reach_their_forms():
         sf.norm_ratio(sf.finite(3 * x - 2 * Y), (three + 1) * (sympy.sqrt(sf.finite(3 * x - 2 * Y + 1)) + 1)), three
     )
     # (not where D can overflow to +inf, where the roots' quotient is inf/inf; nor for a
-    # denominator beyond 4. Below -1 of the reciprocals, as for an integer.)
-    assert stabilize((1 + sympy.exp(x)) ** sympy.Float(1.5) - 1) == sf.power_excess(sympy.exp(x), 1, sympy.Float(1.5))
+    # denominator other than 2 or 4, nor a whole part beyond 8. Below -1 of the reciprocals,
+    # as for an integer.)
+    assert forward((1 + sympy.exp(x)) ** sympy.Float(1.5) - 1) == sf.power_excess(sympy.exp(x), 1, sympy.Float(1.5))
+    assert forward((1 + x**2) ** sympy.Rational(1, 3) - 1) == sf.power_excess(sf.hypot_excess(x, 1), 1, sympy.Rational(2, 3))
+    assert forward((1 + x) ** sympy.Rational(1, 5) - 1) == sf.power_excess(x, 1, sympy.Rational(1, 5))
+    assert forward((1 + x) ** sympy.Float(9.5) - 1) == sf.power_excess(x, 1, sympy.Float(9.5))
     for negative in (forward((1 + x) ** sympy.Rational(-3, 2) - 1), forward((1 + x**2 / 6) ** -2 - 1)):
         assert not negative.has(sf.power_excess, sympy.Piecewise), negative
     # (a derivative formula: autograd's derivative of the sums, through the roots, cancels
