@@ -446,7 +446,59 @@ class _Builder:
             compiled_forward=self.compiled_forward(out_of_place_forward, forward),
             second_derivative=self.second,
         )
-        return _with_helpers(plan)
+        return _with_helpers(self.half_in_float32(plan))
+
+    def half_in_float32(self, plan: Plan) -> Plan:
+        """``plan`` with every body of more than one operation computing float16 tensors in
+        float32 (the module helper _float32_for_half) and rounding what it returns back once
+        (_round_to), as ATen's own float16 kernels do.
+
+        Eager operations on float16 round at every step, and a simplified formula's
+        intermediates overflow float16 long before its value does (Barron's gradient
+        216*x/(x**2 + 6)**3 was 0 from x = 10, and nan from 303). Backward returns gradients
+        in float32: autograd rounds each to its input's dtype itself. Not bfloat16, which has
+        float32's range: converting it cost up to 2.4x on short bodies on the CPU, whose
+        bfloat16 arithmetic is fast (sqrt_inverse 2.0 to 4.0 ms at 1e6; float16 took the same
+        time or less, gelu 12.2 to 8.3 ms). A fused module's compiled bodies computed in
+        float32 already (inductor does), and now its eager ones do too. Not in place
+        (forward writes its input) and not one operation (ATen's kernel then).
+        """
+        if self.p.spec.inplace:
+            return plan
+        half = self.names.namer.claim("half")
+        tensors = {self.name(s) for s in self.inputs + self.params + self.names.results}
+        tensors |= set(self.names.grad_outputs + self.names.tangents)
+        if plan.second_derivative:
+            tensors |= {f"grad_{d}" for d in plan.second_derivative.derivatives}
+
+        def in_float32(method: Method | None, gradients: bool = False) -> Method | None:
+            if method is None or _kernels(method) <= 1:
+                return method  # (a fused module's methods call its bodies: one operation)
+            if gradients:
+                return _in_float32_backward(method, half, tensors)
+            return _in_float32(method, half, tensors)
+
+        changes: dict[str, object] = {
+            "forward": in_float32(plan.forward),
+            "compiled_forward": in_float32(plan.compiled_forward),
+            "value": in_float32(plan.value),
+            "backward": in_float32(plan.backward, gradients=True),
+            "jvp": in_float32(plan.jvp),
+        }
+        if plan.fused:
+            fused = plan.fused
+            changes["fused"] = dataclasses.replace(
+                fused, forward=in_float32(fused.forward), backward=in_float32(fused.backward, gradients=True), jvp=in_float32(fused.jvp)
+            )
+        if plan.second_derivative:
+            second = plan.second_derivative
+            changes["second_derivative"] = dataclasses.replace(
+                second,
+                forward=in_float32(second.forward),
+                backward=in_float32(second.backward, gradients=True),
+                jvp=in_float32(second.jvp),
+            )
+        return dataclasses.replace(plan, **changes)
 
     @staticmethod
     def compiled_forward(out_of_place: Method | None, eager: Method) -> Method | None:
@@ -1451,6 +1503,96 @@ class _SymbolStream:
         return symbol
 
 
+def _kernels(body: Method) -> int:
+    """How many kernels ``body`` may launch (eager_operations), not counting ``is None``
+    tests, which launch none."""
+    tree = ast.parse("\n".join([*body.lines, f"_ = {body.returns}"]))
+    identity_tests = sum(
+        1 for n in ast.walk(tree) if isinstance(n, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in n.ops)
+    )
+    return eager_operations(body) - identity_tests
+
+
+_SAVED_TENSORS = re.compile(r"^\(?(?P<names>[\w, ]+?),?\)? = ctx\.saved_tensors$")
+_NUMBER_PARAM = re.compile(r"^    (?P<name>\w+) = ctx\.(?P=name)_number$")
+
+
+def _unpacked(lines: Sequence[str]) -> tuple[list[str], int]:
+    """The names a body's leading lines unpack from ``ctx.saved_tensors`` (a number param
+    from its ctx attribute, Builder.unpack_saved), and how many lines those are."""
+    match = lines and _SAVED_TENSORS.match(lines[0])
+    if not match:
+        return [], 0
+    names = [name.strip() for name in match["names"].split(",") if name.strip()]
+    count = 1
+    while count + 1 < len(lines) and lines[count].startswith("if ") and _NUMBER_PARAM.match(lines[count + 1]):
+        count += 2
+    return names, count
+
+
+def _in_float32(method: Method, half: str, tensors: set[str]) -> Method:
+    """A forward or jvp computing in float32 what is float16 (Builder.half_in_float32):
+    its tensors converted once they are unpacked, each value it returns rounded back."""
+    unpacked, start = _unpacked(method.lines)
+    names = [n for n in (*method.params, *unpacked) if n in tensors or n in unpacked]
+    lines = list(method.lines)
+    lines.insert(start, f"{', '.join(names)}, {half} = _float32_for_half({', '.join(names)})")
+    lines = [_rounded_return(line, half) for line in lines]
+    return Method(method.params, tuple(lines), _rounded(method.returns, half))
+
+
+def _rounded(returns: str, half: str) -> str:
+    """What a body returns (one value, or a tuple), each value rounded back to ``half``."""
+    tree = ast.parse(returns, mode="eval").body
+    if isinstance(tree, ast.Tuple):  # (parenthesized or not: its values are the arguments)
+        returns = ", ".join(ast.get_source_segment(returns, value) for value in tree.elts)
+    return f"_round_to({half}, {returns})"
+
+
+def _rounded_return(line: str, half: str) -> str:
+    """A ``return`` line of a body that rounds what it returns back to ``half``."""
+    indent, text = line[: len(line) - len(line.lstrip())], line.lstrip()
+    if not text.startswith("return "):
+        return line
+    return f"{indent}return {_rounded(text[len('return '):], half)}"
+
+
+def _in_float32_backward(method: Method, half: str, tensors: set[str]) -> Method:
+    """A backward computing in float32 what is float16 (no rounding back: autograd rounds
+    each gradient to its input's dtype), except where an ATen backward kernel
+    (symgrad.kernels) computes the first-order gradient, in float32 itself: only the
+    create_graph formulas convert there. A fused module's compiled body (whose call is
+    one operation here) converts for itself."""
+    lines = list(method.lines)
+    unpacked, start = _unpacked(lines)
+    names = [n for n in (*method.params, *unpacked) if n in tensors or n in unpacked]
+    widen = f"{', '.join(names)}, {half} = _float32_for_half({', '.join(names)})"
+    if "if torch.is_grad_enabled():" in lines:
+        # (Builder.create_graph_branch: it returns, and first order follows it.)
+        branch = lines.index("if torch.is_grad_enabled():")
+        end = next(k for k in range(branch + 1, len(lines)) if not lines[k].startswith(INDENT))
+        if _kernels(Method(method.params, tuple(lines[end:]), method.returns)) > 1:
+            lines.insert(end, widen)
+        at = branch + 1
+        while lines[at].lstrip().startswith("#"):
+            at += 1
+        lines.insert(at, INDENT + widen)
+        return Method(method.params, tuple(lines), method.returns)
+    # (_first_order_branch: the kernel, else the formula.)
+    formulas = [k for k, line in enumerate(lines) if line.strip() == "else:" and _CREATE_GRAPH_FORMULA in lines[k + 1]]
+    if not formulas:
+        lines.insert(start, widen)
+    for k in reversed(formulas):
+        at = k + 1
+        while lines[at].lstrip().startswith("#"):
+            at += 1
+        lines.insert(at, lines[at][: len(lines[at]) - len(lines[at].lstrip())] + widen)
+    return Method(method.params, tuple(lines), method.returns)
+
+
+_CREATE_GRAPH_FORMULA = "create_graph=True: the formula, which double backward differentiates exactly."
+
+
 def _first_order_branch(grad: str, kernel: str, formula: list[str], sech_as_sigmoids: bool = False) -> list[str]:
     """A gradient's lines: the kernel's call unless autograd records backward (double
     backward), the formula then (see derive.differentiable_form for ``sech_as_sigmoids``)."""
@@ -1467,7 +1609,7 @@ def _first_order_branch(grad: str, kernel: str, formula: list[str], sech_as_sigm
         f"{INDENT}# First order: ATen's fused backward kernel, fewer passes over memory.",
         f"{INDENT}{grad} = {kernel}",
         "else:",
-        f"{INDENT}# create_graph=True: the formula, which double backward differentiates exactly.",
+        f"{INDENT}# {_CREATE_GRAPH_FORMULA}",
         *why,
         *(INDENT + line for line in formula),
     ]

@@ -164,6 +164,33 @@ HELPERS: dict[str, tuple[str, ...]] = {
     ),
     "_erfcx": _half_in_float32("torch.special.erfcx", "_erfcx"),
     "_log_ndtr": _half_in_float32("torch.special.log_ndtr", "_log_ndtr"),
+    # Every body of more than one operation computes float16 in float32
+    # (plan._Builder.half_in_float32).
+    "_float32_for_half": (
+        "def _float32_for_half(*values):",
+        '    """``values``, with float16 tensors as float32, then the dtype to round results back',
+        "    to: torch.float16 where every floating tensor is float16, else None (and nothing is",
+        "    converted).",
+        "",
+        "    ATen's own float16 kernels compute in float32 and round once. A formula of several",
+        "    eager operations would round at every step, and its intermediates overflow float16",
+        "    (above 65504) long before its value does: 216*x/(x**2 + 6)**3 was 0 at x = 10,",
+        "    where it is 1.8e-3. (bfloat16 has float32's range, and runs as written.)",
+        '    """',
+        "    dtypes = [v.dtype for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]",
+        "    if not dtypes or dtypes.count(torch.float16) < len(dtypes):",
+        "        return (*values, None)",
+        "    widened = (v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v for v in values)",
+        "    return (*widened, torch.float16)",
+    ),
+    "_round_to": (
+        "def _round_to(half, *values):",
+        '    """``values`` (one, or a tuple), their floating tensors rounded to ``half`` unless it is None',
+        '    (_float32_for_half)."""',
+        "    if half is not None:",
+        "        values = tuple(v.to(half) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values)",
+        "    return values[0] if len(values) == 1 else values",
+    ),
 }
 
 

@@ -375,16 +375,18 @@ def _without(folder: Path, template: str, start: str, end: str) -> None:
 
 def test_template_without_the_fused_helpers_is_refused(cli, tmp_path):
     """A custom (or pre-0.1 copy of) fused.py.jinja that does not print the helpers would
-    write a module whose bodies call an undefined _sigmoid: refused, nothing written."""
+    write a module whose bodies call an undefined helper (_sigmoid; and _float32_for_half,
+    in every body of more than one operation): refused, nothing written."""
     folder = custom_templates(tmp_path / "old", "before helpers")
     _without(folder, "fused.py.jinja", "{% for line in plan.helpers %}", "def {{ plan.fused.forward_name }}")
     assert_error(
         cli("tanh(x)", "--name", "TanhFused", "--fuse", "--templates", "old"),
-        "template 'fused.py.jinja' calls _sigmoid without defining it: print plan.helpers"
+        "template 'fused.py.jinja' calls _float32_for_half without defining it: print plan.helpers"
         " (see symgrad's templates/fused.py.jinja)",
     )
     assert not (tmp_path / "generated" / "tanh_fused.py").exists()
-    assert cli("x**3", "--name", "Cube", "--fuse", "--templates", "old")[0] == 0  # (no sigmoid: no helper)
+    # (one operation per body, no sigmoid: no helper)
+    assert cli("exp(x)", "--name", "ExpFused", "--fuse", "--templates", "old")[0] == 0
 
 
 def test_fused_template_printing_the_older_fused_helpers_still_works(cli, tmp_path):
@@ -407,7 +409,7 @@ def test_function_template_without_helpers_is_refused_where_one_is_called(cli, t
         "template 'function.py.jinja' calls _erfcx without defining it: print plan.helpers",
     )
     assert not (tmp_path / "generated" / "log_erfc.py").exists()
-    assert cli("x**2", "--name", "Square", "--templates", "old")[0] == 0
+    assert cli("exp(x)", "--name", "Exp", "--templates", "old")[0] == 0  # (one operation per body)
 
 
 @pytest.mark.parametrize("parameters", ["body, *args", "body, operations, *args"])

@@ -831,6 +831,38 @@ def test_first_order_kernel_and_formula_both_match_exact_math(case, dtype, gen_d
         assert not bad, f"{case.name} ({dtype}, create_graph={create_graph}): relative errors above {rtol} at {bad}"
 
 
+# float16 computes in float32 and rounds once (printer.HELPERS' _float32_for_half). A float16
+# survey of every case (a scratch run) found these intermediates overflowing float16 where
+# the value and gradient are float16 numbers: Barron's gradient with alpha = -4 was 0 at
+# |x| = 10 ((x**2 + 6)**3), acosh(1 + x) inf at 6e4, (1 - exp(-x))/x's gradient -inf at -10
+# and the logarithmic mean's inf at 1e-6, where eager autograd of the formula as written is
+# right; and, as eager's, Barron's gradient nan from 303 and the Gaussian log density -inf
+# from |x| = 256.
+FLOAT16_OVERFLOWS = {
+    "barron_negative_alpha": (10.0, -10.0, 316.25, -1000.0, 6e4),
+    "gauss_log_density": (300.0, -316.25),
+    "acosh_one_plus": (6e4,),
+    "one_minus_exp_over_x": (-10.0,),
+    "logarithmic_mean": (1.0132789611816406e-06,),
+}
+
+
+@pytest.mark.parametrize("save", ["memory", "speed"])
+@pytest.mark.parametrize("name", sorted(FLOAT16_OVERFLOWS))
+def test_float16_intermediates_do_not_overflow(name, save, gen_dir, device):
+    case = next(c for c in CASES if c.name == name)
+    module = load(case, gen_dir, save=save)
+    bad = []
+    for p in FLOAT16_OVERFLOWS[name]:
+        point = (float(torch.tensor(p, dtype=torch.float16)),)
+        value, grads = truth(case, point)
+        got_value, got_grads = evaluate(lambda *a: apply(module, *a), point, torch.float16, device)
+        worst = max(rel_error(got, want, torch.float16) for got, want in zip([got_value, *got_grads], [value, *grads]))
+        if worst > RTOL[torch.float16]:
+            bad.append((point, got_value, got_grads, worst))
+    assert not bad, f"{name} ({save}, float16): relative errors above {RTOL[torch.float16]} at {bad}"
+
+
 def test_torch_sigmoid_gradient_is_inexact_where_ours_is_exact(gen_dir):
     """The motivating example: torch's float32 sigmoid gradient at 20 is 0, not 2.06e-9."""
     module = load(next(c for c in CASES if c.name == "sigmoid"), gen_dir)
