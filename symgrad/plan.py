@@ -466,8 +466,14 @@ class _Builder:
         if self.p.spec.inplace:
             return plan
         half = self.names.namer.claim("half")
-        tensors = {self.name(s) for s in self.inputs + self.params + self.names.results}
-        tensors |= set(self.names.grad_outputs + self.names.tangents)
+        # --save speed: forward's derivatives stay float32, and so their tangents and
+        # cotangents (not converted, not rounded): a float16 derivative overflows where the
+        # gradient it multiplies into does not (x*y**3's 3*x*y**2 is 6.1e4*x at y = 45; found
+        # in review).
+        rounded = self.n_user if self.speed else None
+        user = self.names.results[: self.n_user]
+        tensors = {self.name(s) for s in self.inputs + self.params + user}
+        tensors |= set(self.names.grad_outputs[: self.n_user] + self.names.tangents)
         if plan.second_derivative:
             tensors |= {f"grad_{d}" for d in plan.second_derivative.derivatives}
 
@@ -476,7 +482,7 @@ class _Builder:
                 return method  # (a fused module's methods call its bodies: one operation)
             if gradients:
                 return _in_float32_backward(method, half, tensors)
-            return _in_float32(method, half, tensors)
+            return _in_float32(method, half, tensors, rounded)
 
         changes: dict[str, object] = {
             "forward": in_float32(plan.forward),
@@ -1530,42 +1536,50 @@ def _unpacked(lines: Sequence[str]) -> tuple[list[str], int]:
     return names, count
 
 
-def _in_float32(method: Method, half: str, tensors: set[str]) -> Method:
+def _in_float32(method: Method, half: str, tensors: set[str], rounded: int | None) -> Method:
     """A forward or jvp computing in float32 what is float16 (Builder.half_in_float32):
-    its tensors converted once they are unpacked, each value it returns rounded back."""
+    its tensors converted once they are unpacked, and the first ``rounded`` values it
+    returns (None: all) rounded back."""
     unpacked, start = _unpacked(method.lines)
-    names = [n for n in (*method.params, *unpacked) if n in tensors or n in unpacked]
+    names = [n for n in (*method.params, *unpacked) if n in tensors]
+    if not names:
+        return method
     lines = list(method.lines)
     lines.insert(start, f"{', '.join(names)}, {half} = _float32_for_half({', '.join(names)})")
-    lines = [_rounded_return(line, half) for line in lines]
-    return Method(method.params, tuple(lines), _rounded(method.returns, half))
+    lines = [_rounded_return(line, half, rounded) for line in lines]
+    return Method(method.params, tuple(lines), _rounded(method.returns, half, rounded))
 
 
-def _rounded(returns: str, half: str) -> str:
-    """What a body returns (one value, or a tuple), each value rounded back to ``half``."""
+def _rounded(returns: str, half: str, rounded: int | None = None) -> str:
+    """What a body returns (one value, or a tuple), its first ``rounded`` values (None:
+    all) rounded back to ``half``."""
     tree = ast.parse(returns, mode="eval").body
-    if isinstance(tree, ast.Tuple):  # (parenthesized or not: its values are the arguments)
-        returns = ", ".join(ast.get_source_segment(returns, value) for value in tree.elts)
-    return f"_round_to({half}, {returns})"
+    values = [ast.get_source_segment(returns, v) for v in tree.elts] if isinstance(tree, ast.Tuple) else [returns]
+    if rounded is None or rounded >= len(values):
+        return f"_round_to({half}, {', '.join(values)})"
+    call = f"_round_to({half}, {', '.join(values[:rounded])})"
+    return ", ".join([call if rounded == 1 else f"*{call}", *values[rounded:]])
 
 
-def _rounded_return(line: str, half: str) -> str:
+def _rounded_return(line: str, half: str, rounded: int | None) -> str:
     """A ``return`` line of a body that rounds what it returns back to ``half``."""
     indent, text = line[: len(line) - len(line.lstrip())], line.lstrip()
     if not text.startswith("return "):
         return line
-    return f"{indent}return {_rounded(text[len('return '):], half)}"
+    return f"{indent}return {_rounded(text[len('return '):], half, rounded)}"
 
 
 def _in_float32_backward(method: Method, half: str, tensors: set[str]) -> Method:
     """A backward computing in float32 what is float16 (no rounding back: autograd rounds
-    each gradient to its input's dtype), except where an ATen backward kernel
+    each gradient to its input's dtype), except where one ATen backward kernel call
     (symgrad.kernels) computes the first-order gradient, in float32 itself: only the
     create_graph formulas convert there. A fused module's compiled body (whose call is
     one operation here) converts for itself."""
     lines = list(method.lines)
     unpacked, start = _unpacked(lines)
-    names = [n for n in (*method.params, *unpacked) if n in tensors or n in unpacked]
+    names = [n for n in (*method.params, *unpacked) if n in tensors]
+    if not names:
+        return method
     widen = f"{', '.join(names)}, {half} = _float32_for_half({', '.join(names)})"
     if "if torch.is_grad_enabled():" in lines:
         # (Builder.create_graph_branch: it returns, and first order follows it.)
@@ -1578,16 +1592,26 @@ def _in_float32_backward(method: Method, half: str, tensors: set[str]) -> Method
             at += 1
         lines.insert(at, INDENT + widen)
         return Method(method.params, tuple(lines), method.returns)
-    # (_first_order_branch: the kernel, else the formula.)
+    # (_first_order_branch: the kernel, else the formula. A kernel of more than one
+    # operation converts too: tanh's is two softplus_backward calls and a product.)
     formulas = [k for k, line in enumerate(lines) if line.strip() == "else:" and _CREATE_GRAPH_FORMULA in lines[k + 1]]
-    if not formulas:
+    kernels = [k for k, line in enumerate(lines) if line.strip() == "if not torch.is_grad_enabled():"]
+    if not formulas or any(_kernels(_branch(lines, k)) > 1 for k in kernels):
         lines.insert(start, widen)
+        return Method(method.params, tuple(lines), method.returns)
     for k in reversed(formulas):
         at = k + 1
         while lines[at].lstrip().startswith("#"):
             at += 1
         lines.insert(at, lines[at][: len(lines[at]) - len(lines[at].lstrip())] + widen)
     return Method(method.params, tuple(lines), method.returns)
+
+
+def _branch(lines: Sequence[str], k: int) -> Method:
+    """The lines of the block that ``lines[k]`` (an ``if`` or ``else:``) opens, as a body."""
+    depth = len(lines[k]) - len(lines[k].lstrip()) + len(INDENT)
+    end = next((j for j in range(k + 1, len(lines)) if len(lines[j]) - len(lines[j].lstrip()) < depth), len(lines))
+    return Method((), tuple(line[depth:] for line in lines[k + 1 : end]), "None")
 
 
 _CREATE_GRAPH_FORMULA = "create_graph=True: the formula, which double backward differentiates exactly."

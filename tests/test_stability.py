@@ -863,6 +863,23 @@ def test_float16_intermediates_do_not_overflow(name, save, gen_dir, device):
     assert not bad, f"{name} ({save}, float16): relative errors above {RTOL[torch.float16]} at {bad}"
 
 
+@pytest.mark.parametrize("upstream", [1.0, 0.01])
+@pytest.mark.parametrize("case", FIRST_ORDER_KERNEL_CASES, ids=[c.name for c in FIRST_ORDER_KERNEL_CASES])
+def test_float16_first_order_gradient_is_the_float32_one_rounded_once(case, upstream, gen_dir, device):
+    """A first-order kernel of more than one operation (tanh's is two softplus_backward
+    calls and a product) computes float16 in float32 too: at every float16 from -9 to 9 the
+    gradient is the float32 module's rounded, where it was up to 5 units off (review)."""
+    module = load(case, gen_dir)
+    x = torch.arange(-9, 9, 2.0**-7, dtype=torch.float16, device=device)
+    grads = []
+    for dtype in (torch.float16, torch.float32):
+        inputs = x.to(dtype).requires_grad_()
+        output = apply(module, inputs)
+        (grad,) = torch.autograd.grad(output, inputs, torch.full_like(output, upstream).half().to(dtype))
+        grads.append(grad)
+    torch.testing.assert_close(grads[0], grads[1].half(), rtol=torch.finfo(torch.float16).eps, atol=0)
+
+
 def test_torch_sigmoid_gradient_is_inexact_where_ours_is_exact(gen_dir):
     """The motivating example: torch's float32 sigmoid gradient at 20 is 0, not 2.06e-9."""
     module = load(next(c for c in CASES if c.name == "sigmoid"), gen_dir)
