@@ -867,8 +867,9 @@ def test_float16_intermediates_do_not_overflow(name, save, gen_dir, device):
 @pytest.mark.parametrize("case", FIRST_ORDER_KERNEL_CASES, ids=[c.name for c in FIRST_ORDER_KERNEL_CASES])
 def test_float16_first_order_gradient_is_the_float32_one_rounded_once(case, upstream, gen_dir, device):
     """A first-order kernel of more than one operation (tanh's is two softplus_backward
-    calls and a product) computes float16 in float32 too: at every float16 from -9 to 9 the
-    gradient is the float32 module's rounded, where it was up to 5 units off (review)."""
+    calls and a product) computes float16 in float32 too: at float16 steps of 1/128 from -9
+    to 9 the gradient is the float32 module's rounded, where it was up to 5 units off
+    (review)."""
     module = load(case, gen_dir)
     x = torch.arange(-9, 9, 2.0**-7, dtype=torch.float16, device=device)
     grads = []
