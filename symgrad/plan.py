@@ -475,7 +475,7 @@ class _Builder:
         tensors = {self.name(s) for s in self.inputs + self.params + user}
         tensors |= set(self.names.grad_outputs[: self.n_user] + self.names.tangents)
         if plan.second_derivative:
-            tensors |= {f"grad_{d}" for d in plan.second_derivative.derivatives}
+            tensors |= set(plan.second_derivative.backward.params[1:])  # (its cotangents)
 
         def in_float32(method: Method | None, gradients: bool = False) -> Method | None:
             if method is None or _kernels(method) <= 1:
@@ -1536,16 +1536,26 @@ def _unpacked(lines: Sequence[str]) -> tuple[list[str], int]:
     return names, count
 
 
+def _widening(method: Method, half: str, tensors: set[str]) -> tuple[str | None, int]:
+    """The line converting ``method``'s tensors (its parameters and what it unpacks from
+    ctx that are among ``tensors``) with _float32_for_half, and the index after the
+    unpacking, where it goes at the latest; None where it has no such tensor."""
+    unpacked, start = _unpacked(method.lines)
+    names = [n for n in (*method.params, *unpacked) if n in tensors]
+    if not names:
+        return None, start
+    return f"{', '.join(names)}, {half} = _float32_for_half({', '.join(names)})", start
+
+
 def _in_float32(method: Method, half: str, tensors: set[str], rounded: int | None) -> Method:
     """A forward or jvp computing in float32 what is float16 (Builder.half_in_float32):
     its tensors converted once they are unpacked, and the first ``rounded`` values it
     returns (None: all) rounded back."""
-    unpacked, start = _unpacked(method.lines)
-    names = [n for n in (*method.params, *unpacked) if n in tensors]
-    if not names:
+    widen, start = _widening(method, half, tensors)
+    if widen is None:
         return method
     lines = list(method.lines)
-    lines.insert(start, f"{', '.join(names)}, {half} = _float32_for_half({', '.join(names)})")
+    lines.insert(start, widen)
     lines = [_rounded_return(line, half, rounded) for line in lines]
     return Method(method.params, tuple(lines), _rounded(method.returns, half, rounded))
 
@@ -1575,22 +1585,17 @@ def _in_float32_backward(method: Method, half: str, tensors: set[str]) -> Method
     (symgrad.kernels) computes the first-order gradient, in float32 itself: only the
     create_graph formulas convert there. A fused module's compiled body (whose call is
     one operation here) converts for itself."""
-    lines = list(method.lines)
-    unpacked, start = _unpacked(lines)
-    names = [n for n in (*method.params, *unpacked) if n in tensors]
-    if not names:
+    widen, start = _widening(method, half, tensors)
+    if widen is None:
         return method
-    widen = f"{', '.join(names)}, {half} = _float32_for_half({', '.join(names)})"
+    lines = list(method.lines)
     if "if torch.is_grad_enabled():" in lines:
         # (Builder.create_graph_branch: it returns, and first order follows it.)
         branch = lines.index("if torch.is_grad_enabled():")
         end = next((k for k in range(branch + 1, len(lines)) if not lines[k].startswith(INDENT)), len(lines))
         if _kernels(Method(method.params, tuple(lines[end:]), method.returns)) > 1:
             lines.insert(end, widen)
-        at = branch + 1
-        while lines[at].lstrip().startswith("#"):
-            at += 1
-        lines.insert(at, INDENT + widen)
+        lines.insert(_past_comments(lines, branch + 1), INDENT + widen)
         return Method(method.params, tuple(lines), method.returns)
     # (_first_order_branch: the kernel, else the formula. A kernel of more than one
     # operation converts too: tanh's is two softplus_backward calls and a product.)
@@ -1600,11 +1605,16 @@ def _in_float32_backward(method: Method, half: str, tensors: set[str]) -> Method
         lines.insert(start, widen)
         return Method(method.params, tuple(lines), method.returns)
     for k in reversed(formulas):
-        at = k + 1
-        while lines[at].lstrip().startswith("#"):
-            at += 1
+        at = _past_comments(lines, k + 1)
         lines.insert(at, lines[at][: len(lines[at]) - len(lines[at].lstrip())] + widen)
     return Method(method.params, tuple(lines), method.returns)
+
+
+def _past_comments(lines: Sequence[str], at: int) -> int:
+    """The index of the first line from ``at`` on that is not a comment."""
+    while lines[at].lstrip().startswith("#"):
+        at += 1
+    return at
 
 
 def _branch(lines: Sequence[str], k: int) -> Method:

@@ -1365,7 +1365,7 @@ def _rule_power_minus_value(node: sympy.Expr):
             # as SymPy spreads it into the sum.)
             if _affine(excess):
                 return others + constant * excess / power.base  # (constant == -k/B)
-            return others - (k / b) * _excess_over_base(power.base, b, excess)
+            return others - (k / b) * _excess_over_base(b, excess)
         if _ROOT_SUMS.get() and b.is_positive and (p < 0 or _bounded_above(excess)):
             roots = _root_power_difference(power.base, b, excess, p)
             if roots is not None:
@@ -1414,12 +1414,18 @@ def _root_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, p: 
     whole, m, q = parts
     if p < 0:
         a, excess = _finite_where_it_overflows(a, excess)
-    r, s = a ** sympy.Rational(1, q), _number_power(b, sympy.Rational(1, q))
-    root_difference = norm_ratio(excess, _power_difference_quotient(r, s, q))
+    r, s, root_difference = _roots(a, b, excess, q)
     if p < 0:
         fraction = root_difference * _power_difference_quotient(r, s, m)
         return -norm_ratio(fraction, r**m) / s**m
     return _root_sums(a, b, excess, whole, m, r, s, root_difference)
+
+
+def _roots(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, q: int) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+    """The ``q``-th roots ``r`` of ``a`` and ``s`` of ``b``, and ``r - s``, as
+    ``excess/(r**(q-1) + ... + s**(q-1))`` kept whole (norm_ratio)."""
+    r, s = a ** sympy.Rational(1, q), _number_power(b, sympy.Rational(1, q))
+    return r, s, norm_ratio(excess, _power_difference_quotient(r, s, q))
 
 
 def _fraction_parts(p: sympy.Expr) -> tuple[int, int, int] | None:
@@ -1443,10 +1449,11 @@ def _root_sums(a, b, excess, whole: int, m: int, r, s, root_difference) -> sympy
 
 def _number_power(number: sympy.Expr, exponent: sympy.Rational) -> sympy.Expr:
     """``number**exponent`` (a root, or the reciprocal); of a Float, from the Rational it
-    holds, at 30 digits, so that it is rounded once when printed (SymPy evaluates ``Float(1e6)**(1/3)`` at 15 digits, printed
-    99.99999999999997; found in review), and a number, not a quotient of big integers that
-    SymPy pulls out of the sums (0.3's reciprocal's made a coefficient 2.9e-47, 0 in float32:
-    nan at every x for ``(0.3 + x)**-4.25 - 0.3**-4.25``; found in a second review)."""
+    holds, at 30 digits, so that it is rounded once when printed (SymPy evaluates
+    ``Float(1e6)**(1/3)`` at 15 digits, printed 99.99999999999997; found in review), and
+    a number, not a quotient of big integers that SymPy pulls out of the sums (0.3's
+    reciprocal's made a coefficient 2.9e-47, 0 in float32: nan at every x for
+    ``(0.3 + x)**-4.25 - 0.3**-4.25``; found in a second review)."""
     if number.is_Float:
         return (sympy.Rational(number) ** exponent).evalf(30)
     return number**exponent
@@ -1461,15 +1468,15 @@ def _cannot_overflow(excess: sympy.Expr) -> bool:
     return rest.is_Symbol and abs(scale) <= 1
 
 
-def _excess_over_base(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr) -> sympy.Expr:
-    """``excess/a`` for ``a = b + excess``, kept whole (norm_ratio), so that no factor
+def _excess_over_base(b: sympy.Expr, excess: sympy.Expr) -> sympy.Expr:
+    """``excess/a`` for the base ``a = b + excess``, kept whole (norm_ratio), so that no factor
     multiplies ``excess`` first and overflows it (``3/(2 + x**2) - 3/2``), and finite where
     ``excess`` overflows: one that can is taken finite, as ``b + excess`` is, so that the
     quotient is 1 there, not inf/inf. (``b + excess`` as written, not ``b + finite(excess)``:
     the difference-of-squares pass factors it, exact near its root, ``1/(1 - x**2) - 1``
     near x = 1, found in review; and in float16 ``16 + 65504`` would round to inf.)"""
-    a, excess = _finite_where_it_overflows(b + excess, excess)
-    return norm_ratio(excess, a)
+    base, excess = _finite_where_it_overflows(b + excess, excess)
+    return norm_ratio(excess, base)
 
 
 def _finite_where_it_overflows(*values: sympy.Expr) -> tuple[sympy.Expr, ...]:
@@ -1486,13 +1493,14 @@ def _reciprocal_power_difference(
     """``a**-power - b**-power`` for ``power > 1`` and a number ``b > 0``, as ``a'**power -
     b'**power`` of the reciprocals ``a' = 1/a`` and ``b' = 1/b``, whose difference is
     ``-(excess/a)/b``: for an integer ``power`` up to 8, ``(a' - b')*S(a', b')``
-    (_power_difference_quotient), for ``j + m/q``, _root_power_difference's sums. Every term is a power of ``1/a``, small where
-    ``a`` is large: as ``-(a**n - b**n)/(a**n*b**n)`` it was inf/inf where ``a**n``
-    overflows, so power_excess's where took these (Barron's loss with alpha = -4,
+    (_power_difference_quotient), for ``j + m/q``, _root_power_difference's sums. Every
+    term is a power of ``1/a``, small where ``a`` is large: as
+    ``-(a**n - b**n)/(a**n*b**n)`` it was inf/inf where ``a**n`` overflows, so
+    power_excess's where took these (Barron's loss with alpha = -4,
     ``(1 + x**2/6)**-2 - 1``); else None."""
     power = _integer_if_whole(power)
     smaller, smaller_b = 1 / a, _number_power(b, sympy.S.NegativeOne)
-    difference = -_excess_over_base(a, b, excess) * smaller_b
+    difference = -_excess_over_base(b, excess) * smaller_b
     if power.is_Integer:
         if power > _QUOTIENT_MAX_DEGREE:
             return None
@@ -1504,9 +1512,8 @@ def _reciprocal_power_difference(
     # 1/r - 1/s from the roots of a, -((r - s)/r)/s: at a = 0 it is inf, where the root of
     # 1/a, inf, would make the quotient inf/inf (found in a second review)
     a, excess = _finite_where_it_overflows(a, excess)
-    r, s = a ** sympy.Rational(1, q), _number_power(b, sympy.Rational(1, q))
-    root_difference = -norm_ratio(norm_ratio(excess, _power_difference_quotient(r, s, q)), r) / s
-    return _root_sums(smaller, smaller_b, difference, whole, m, 1 / r, 1 / s, root_difference)
+    r, s, root_difference = _roots(a, b, excess, q)
+    return _root_sums(smaller, smaller_b, difference, whole, m, 1 / r, 1 / s, -norm_ratio(root_difference, r) / s)
 
 
 def _bounded_above(excess: sympy.Expr) -> bool:
