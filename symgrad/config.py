@@ -108,17 +108,21 @@ def _target(entry: dict[str, Any], index: int, path: Path, base: Path, defaults:
             raise SymgradError(f"{where}: {key!r} is required and must be a string")
     out = base / (_string(entry, "out", where) or defaults["out"] or "generated")
     templates = _string(entry, "templates", where) or defaults["templates"]
+    # (read before the try: their errors already say where)
+    options = dict(
+        inputs=_names(entry, "inputs", where),
+        params=_names(entry, "params", where),
+        domain=_domain(entry, where),
+        grads=_grads(entry, where),
+        inplace=_bool(entry, "inplace", where),
+        save=_string(entry, "save", where) or "memory",
+        fuse=_bool(entry, "fuse", where),
+    )
     try:
         spec = build_spec(
             entry["expr"],
             entry["name"],
-            inputs=_names(entry, "inputs", where),
-            params=_names(entry, "params", where),
-            domain=_domain(entry, where),
-            grads=_grads(entry, where),
-            inplace=_bool(entry, "inplace", where),
-            save=_string(entry, "save", where) or "memory",
-            fuse=_bool(entry, "fuse", where),
+            **options,
             templates=None if templates is None else record_templates(base / templates, out),
         )
         return Target(spec=spec, out=out, path=output_path(spec, out))

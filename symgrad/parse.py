@@ -122,10 +122,20 @@ class Parsed:
 
 def parse_spec(spec: Spec) -> Parsed:
     """Parse a spec's expression, inputs, params and surrogate gradients."""
+    domain_names = [name for name, _, _ in spec.domain]
+    twice = sorted({name for name in domain_names if domain_names.count(name) > 1})
+    if twice:
+        raise SymgradError(f"--domain {twice[0]}=... is given twice")
     outputs, written = _parse(spec.expr)
     # --inputs/--params may name any symbol the text names, even one that cancels (x*y - x*y);
     # the default inputs are the symbols the outputs still depend on.
     by_name = {s.name: s for s in written}
+    if spec.params:
+        # A param may appear in a surrogate gradient alone: --grad "x=-lam" with the output x
+        # is the scaled gradient reversal of domain-adversarial training.
+        for name, text in spec.grads or ():
+            for symbol in parse_elementwise(text, f"--grad {name}").free_symbols:
+                by_name.setdefault(symbol.name, symbol)
     symbols = sorted({s for out in outputs for s in out.expr.free_symbols}, key=lambda s: s.name)
     params = _resolve_names(spec.params, by_name, "--params")
     if spec.inputs is None:

@@ -364,13 +364,22 @@ class _Builder:
     def code(self, expr: sympy.Expr) -> str:
         # A fused module's code runs under torch.compile (its bodies, and the value function
         # of --save speed); printer.COMPILED_CALLS keep inductor's kernels accurate there.
-        return print_torch(expr, self.names.symbols, self.reference, compiled=self.p.spec.fuse)
+        return print_torch(
+            expr, self.names.symbols, self.reference, compiled=self.p.spec.fuse, promote=self.promotes(self.reference)
+        )
 
     def cse(self, exprs: list[sympy.Expr]) -> tuple[list[tuple[sympy.Symbol, sympy.Expr]], list[sympy.Expr]]:
         exprs = [numbers_to_floats(expand_functions(e)) for e in exprs]
         stream = _SymbolStream(self.names)
         temps, reduced = sympy.cse(exprs, symbols=stream, order="canonical")
         return _name_series_arguments(temps, reduced, stream)
+
+    def promotes(self, reference: str) -> bool:
+        """Whether ``reference`` is an input, which may be an integer tensor: a number made a
+        tensor then takes the dtype torch's type promotion gives it with the input, as a
+        Python number would (0.5 with an int64 input is float32; cast to int64 it was 0,
+        found by a user hunt). Gradients and tangents are floating-point tensors."""
+        return reference in {self.name(s) for s in self.inputs}
 
     def tensorize(self, exprs: list[sympy.Expr], reference: str) -> list[str]:
         """Lines converting number params to tensors where a torch function needs one."""
@@ -383,7 +392,8 @@ class _Builder:
                 if isinstance(node, _TENSOR_CONTEXTS)
             ):
                 name = self.name(param)
-                lines.append(f"{name} = torch.as_tensor({name}, dtype={reference}.dtype, device={reference}.device)")
+                dtype = f"torch.result_type({reference}, {name})" if self.promotes(reference) else f"{reference}.dtype"
+                lines.append(f"{name} = torch.as_tensor({name}, dtype={dtype}, device={reference}.device)")
         return lines
 
     def saved(self) -> list[sympy.Symbol]:
@@ -675,9 +685,13 @@ class _Builder:
                 save_names.append(before)
             else:
                 save_names.append(target if symbol in self.names.results else self.name(symbol))
+        # The other inputs and params backward reads, which must not be the target's memory.
+        kept = [self.name(s) for s in saved if s in self.inputs[1:]] + [self.name(p) for p in self.saved_params()]
+        if kept:
+            lines.append(f"_refuse_aliases(ctx, {target}, {', '.join(f'{k}={k}' for k in kept)})")
         param_lines, tensors = self.save_parts("save_for_backward", save_names)
         lines += param_lines
-        lines.append(f"{target}.copy_({result})")
+        lines.append(f"_overwrite({target}, {result})")
         lines.append(f"ctx.mark_dirty({target})")
         if tensors:
             lines.append(f"ctx.save_for_backward({', '.join(tensors)})")
@@ -1282,7 +1296,7 @@ class _Builder:
                 parts.append(f"{self.name(symbol)} (a derivative forward returned, so backward only multiplies by it)")
             elif symbol in self.names.results:
                 parts.append(f"{self.name(symbol)} (the output: the gradient is written in terms of it, so backward recomputes nothing)")
-            elif once:
+            elif once and symbol == self.inputs[0]:
                 parts.append(f"{self.name(symbol)} (a copy of the input from before it is overwritten)")
             else:
                 parts.append(f"{self.name(symbol)} (the gradient depends on it)")

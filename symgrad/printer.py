@@ -169,19 +169,51 @@ HELPERS: dict[str, tuple[str, ...]] = {
     "_float32_for_half": (
         "def _float32_for_half(*values):",
         '    """``values``, with float16 tensors as float32, then the dtype to round results back',
-        "    to: torch.float16 where every floating tensor is float16, else None (and nothing is",
-        "    converted).",
+        "    to: torch.float16 where the result is float16, else None (and nothing is converted).",
         "",
         "    ATen's own float16 kernels compute in float32 and round once. A formula of several",
         "    eager operations would round at every step, and its intermediates overflow float16",
         "    (above 65504) long before its value does: 216*x/(x**2 + 6)**3 was 0 at x = 10,",
         "    where it is 1.8e-3. (bfloat16 has float32's range, and runs as written.)",
+        "",
+        "    The result is float16 where every floating tensor with dimensions is, or with none,",
+        "    every 0-d one: as in torch's type promotion, a 0-d tensor (a float32 param next to",
+        "    float16 activations) takes the others' dtype.",
         '    """',
-        "    dtypes = [v.dtype for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]",
-        "    if not dtypes or dtypes.count(torch.float16) < len(dtypes):",
+        "    floating = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]",
+        "    deciding = [v for v in floating if v.dim() > 0] or floating",
+        "    if not deciding or any(v.dtype != torch.float16 for v in deciding):",
         "        return (*values, None)",
         "    widened = (v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v for v in values)",
         "    return (*widened, torch.float16)",
+    ),
+    "_refuse_aliases": (
+        "def _refuse_aliases(ctx, target, **saved):",
+        '    """Raise where a tensor that backward needs shares memory with ``target``, which an',
+        "    in-place forward is about to overwrite: backward would read the new values (mul_(a, a)",
+        "    gave a wrong gradient). torch's own in-place ops refuse it too, at backward (\"modified",
+        '    by an inplace operation"). Only where a gradient is wanted, and not under torch.compile,',
+        '    whose fake tensors have no memory to compare: pass a copy there."""',
+        "    if torch.compiler.is_compiling() or not any(ctx.needs_input_grad):",
+        "        return",
+        "    memory = target.untyped_storage().data_ptr()",
+        "    for name, value in saved.items():",
+        "        if isinstance(value, torch.Tensor) and memory != 0 and value.untyped_storage().data_ptr() == memory:",
+        "            raise RuntimeError(",
+        '                f"{name} shares memory with the input this in-place function overwrites, and backward"',
+        '                f" needs {name}: pass a copy ({name}.clone())"',
+        "            )",
+    ),
+    "_overwrite": (
+        "def _overwrite(target, result):",
+        '    """``target.copy_(result)``, refusing a result of a dtype ``target`` cannot hold, as',
+        "    torch's own in-place ops do (torch.tensor([1, 2]).exp_() raises; copy_ would truncate",
+        "    to [2, 7]). (torch.can_cast, in a form torch.compile traces.)",
+        '    """',
+        "    narrowed = result.is_floating_point() and not target.is_floating_point()",
+        "    if narrowed or (target.dtype == torch.bool and result.dtype != torch.bool):",
+        '        raise RuntimeError(f"result type {result.dtype} can\'t be cast to the desired output type {target.dtype}")',
+        "    return target.copy_(result)",
     ),
     "_round_to": (
         "def _round_to(half, *values):",
@@ -206,13 +238,17 @@ class TorchPrinter(StrPrinter):
     # its closed form) must not replace its torch spelling.
     printmethod = "_symgrad_torch"
 
-    def __init__(self, names: dict[sympy.Symbol, str], reference: str | None = None, compiled: bool = False) -> None:
+    def __init__(
+        self, names: dict[sympy.Symbol, str], reference: str | None = None, compiled: bool = False, promote: bool = False
+    ) -> None:
         super().__init__({"order": "none"})
         # Code that torch.compile runs (fused bodies): COMPILED_CALLS replace PRINTERS.
         self._compiled = compiled
-        # A floating-point tensor in scope, whose dtype and device constants follow
+        # A tensor in scope, whose dtype (a floating-point one) or, with ``promote``, type
+        # promotion (an input, which may be an integer tensor) and device constants follow
         # where a Python number will not do.
         self._reference = reference
+        self._promote = promote
         self._names = names
 
     def emptyPrinter(self, expr: object) -> str:  # noqa: N802 (SymPy's name)
@@ -373,7 +409,8 @@ class TorchPrinter(StrPrinter):
                 # condition's own tensors may be bool, e.g. a CSE temporary `t0 = x < 1`.)
                 if self._reference is not None:
                     ref = self._reference
-                    value_text = f"torch.tensor({value_text}, dtype={ref}.dtype, device={ref}.device)"
+                    dtype = f"torch.result_type({ref}, {value_text})" if self._promote else f"{ref}.dtype"
+                    value_text = f"torch.tensor({value_text}, dtype={dtype}, device={ref}.device)"
                 else:
                     anchor = self._print(sorted(condition.free_symbols, key=str)[0])
                     value_text = _number_tensor(anchor, value_text)
@@ -448,16 +485,21 @@ def _as_atom(text: str) -> str:
 
 
 def print_torch(
-    expr: sympy.Basic, names: dict[sympy.Symbol, str], reference: str | None = None, compiled: bool = False
+    expr: sympy.Basic,
+    names: dict[sympy.Symbol, str],
+    reference: str | None = None,
+    compiled: bool = False,
+    promote: bool = False,
 ) -> str:
     """Print ``expr`` as torch code, with symbols printed as ``names[symbol]``.
 
     Constants become floats first (``2*x/3`` prints as ``0.6666666666666666*x``,
     ``sqrt(10)*x`` as ``3.1622776601683795*x``), as plan.py's CSE input already does;
     exponents stay exact. ``compiled``: the code runs under torch.compile (a fused
-    module's bodies), so COMPILED_CALLS apply.
+    module's bodies), so COMPILED_CALLS apply. ``promote``: ``reference`` may be an integer
+    tensor, so a number made a tensor takes ``torch.result_type`` with it, not its dtype.
     """
-    return TorchPrinter(names, reference, compiled).doprint(numbers_to_floats(expr))
+    return TorchPrinter(names, reference, compiled, promote).doprint(numbers_to_floats(expr))
 
 
 def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
@@ -485,9 +527,9 @@ def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
         return sympy.Pow(numbers_to_floats(expr.base), exponent)
     args = tuple(numbers_to_floats(a) for a in expr.args)
     if args == expr.args:
-        return expr
+        return _without_unit_coefficient(expr)
     try:
-        return expr.func(*args)
+        return _without_unit_coefficient(expr.func(*args))
     except ValueError:
         # Min/Max of an argument that SymPy finds not real once its constants are floats
         # (asin(x**2 + 3.14...) is complex for every x; found by fuzz campaign 43).
@@ -497,3 +539,14 @@ def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
                 f"{type(expr).__name__} compares {unreal[0]}, which is not a real number for any input"
             ) from None
         raise
+
+
+def _without_unit_coefficient(expr: sympy.Basic) -> sympy.Basic:
+    """``1.0*x`` as ``x`` (``-1.0*x`` as ``-x``): SymPy keeps a Float coefficient of 1, which
+    would print, and run, as a multiplication (GELU written ``0.5*x*(1 + erf(x/sqrt(2)))`` is
+    ``1.0*x*ndtr(x)`` once stabilised: one kernel more in forward and in backward)."""
+    if expr.is_Mul:
+        coefficient, rest = expr.as_coeff_Mul()
+        if coefficient.is_Float and abs(float(coefficient)) == 1.0:  # (SymPy: Float(1) != 1)
+            return rest if coefficient > 0 else -rest
+    return expr

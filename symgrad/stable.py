@@ -1812,6 +1812,30 @@ def _rule_exp_over_expm1(node: sympy.Expr):
     return None
 
 
+def _rule_exp_over_positive_expm1(node: sympy.Expr):
+    """``exp(a)*expm1(u)**-k`` for a positive ``u`` that can overflow -> ``exp(a - k*u)*
+    (-expm1(-u))**-k``: the gradient of the complementary log-log link log(1 - exp(-exp(x))),
+    ``exp(x)/expm1(exp(x))``, was inf/inf = nan from x = 89 in float32 (710 in float64),
+    where it is 0; now ``exp(x - exp(x))/(-expm1(-exp(x)))``. For a positive ``u`` the new
+    denominator lies between ``u/(1 + u)`` and 1, so only the exponent can leave the range,
+    where the value does. (_rule_exp_over_expm1 takes ``exp(u)`` itself, for ``u`` of
+    either sign.)"""
+    if not node.is_Mul:
+        return None
+    exps = [f for f in node.args if isinstance(f, sympy.exp)]
+    if len(exps) != 1:
+        return None  # none to absorb, or _rule_merge_exp has yet to join them
+    for f in node.args:
+        base, k = f.as_base_exp()
+        if not (isinstance(base, expm1) and _number(k) and k.is_negative):
+            continue
+        u = base.args[0]
+        if u.is_positive and _can_overflow(u):
+            rest = [g for g in node.args if g is not f and g is not exps[0]]
+            return sympy.Mul(*rest) * sympy.exp(_expand(exps[0].args[0] + k * u)) * (-expm1(_expand(-u))) ** k
+    return None
+
+
 def _rule_exp_difference_ratio(node: sympy.Expr):
     """``exp(c)*(p*exp(a) - p*exp(b))**-k`` -> ``exp(c - k*a)*(-p*expm1(b - a))**-k`` where
     ``c - k*a`` is 0 or ``b - a``: the derivatives of log(exp(x) - exp(y)),
@@ -2079,6 +2103,7 @@ _RULES = (
     _rule_tanh_half,
     _rule_coth_half,
     _rule_exp_over_expm1,
+    _rule_exp_over_positive_expm1,
     _rule_exp_difference_ratio,
     _rule_sinh_over_cosh,
     _rule_abs_of_power,

@@ -382,7 +382,7 @@ class ExpandedFunction(StableFunction):
             v if v is not None and v.is_number else sympy.Dummy(f"argument{i}", real=True) for i, v in enumerate(values)
         ]
         names = {p: text for p, text in zip(placeholders, args) if not p.is_number}
-        bound = printer.__class__({**printer._names, **names}, printer._reference)
+        bound = printer.__class__({**printer._names, **names}, printer._reference, printer._compiled, printer._promote)
         return bound.doprint(numbers_to_floats(cls.expanded(*placeholders)))
 
 

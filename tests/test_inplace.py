@@ -3,7 +3,8 @@
 The rules are checked on printed lines (data-driven, as the printer's own tests are); the
 generated modules run them under gradcheck, gradgradcheck, vmap, jacrev/jacfwd, forward
 AD, torch.compile and every dtype in test_generated.py. Here: what those cannot reach
-(integer and mixed-dtype inputs, broadcasting, a batched upstream gradient).
+(integer and mixed-dtype inputs, broadcasting, a batched upstream gradient), and what an
+``--inplace`` Function refuses to overwrite.
 """
 
 from __future__ import annotations
@@ -275,6 +276,58 @@ def test_integer_inputs_keep_working(tmp_path):
     x = torch.arange(-3, 4)
     expected = x**3 / (1 + x**2) + 2 * x * x + torch.sin(x) * x
     torch.testing.assert_close(module.int_poly(x), expected)
+
+
+def test_numbers_made_tensors_follow_type_promotion_with_an_integer_input(tmp_path):
+    """A number param in a torch function, and a Piecewise of numbers, with an integer input:
+    the dtype eager torch gives them (float32), not the input's (a user hunt: 0.5 was cast
+    to 0, so x*sigmoid(0.5*x) computed x*sigmoid(0*x), and 2.5 to 2)."""
+    x = torch.arange(-3, 4)
+    swish = import_source(symgrad.generate_source("x*sigmoid(beta*x)", "IntSwish", params=["beta"]), tmp_path)
+    torch.testing.assert_close(swish.int_swish(x, 0.5), x * torch.sigmoid(0.5 * x))
+    text = "Piecewise((x**2/2, abs(x) <= d), (d*(abs(x) - d/2), True))"
+    huber = import_source(symgrad.generate_source(text, "IntHuber", params=["d"]), tmp_path)
+    torch.testing.assert_close(huber.int_huber(x, 1.5), torch.where(x.abs() <= 1.5, x**2 / 2, 1.5 * (x.abs() - 0.75)))
+    scaled = import_source(symgrad.generate_source("sin(x)*Piecewise((2.5, x > 1), (1, True))", "IntScaled"), tmp_path)
+    torch.testing.assert_close(scaled.int_scaled(x), torch.sin(x) * torch.where(x > 1, 2.5, 1.0))
+
+
+def test_an_in_place_function_refuses_a_result_its_input_cannot_hold(tmp_path):
+    """As torch.tensor([1, 2]).exp_() does: copy_ truncated exp of an int64 tensor to [2, 7]
+    (a user hunt). Where the dtype holds it, the write goes ahead."""
+    module = import_source(symgrad.generate_source("exp(x)", "IntExp_", inplace=True), tmp_path)
+    for x in (torch.tensor([1, 2]), torch.tensor([True, False])):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            module.int_exp_(x)
+        assert x.tolist() in ([1, 2], [True, False])
+    x = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    assert module.int_exp_(x) is x and x.tolist() == [1.0, torch.e]
+
+
+def test_an_in_place_function_refuses_an_input_backward_needs_that_it_overwrites(tmp_path):
+    """mul_(a, a): the second input is the memory forward overwrites, and backward read its
+    new values (a wrong gradient, silently: a user hunt). It raises, before writing, as torch's
+    own a.mul_(a) does at backward; a copy, inference and an input backward does not need go
+    ahead."""
+    module = import_source(symgrad.generate_source("x*y + sin(x)", "Fma_", inplace=True), tmp_path)
+    leaf = torch.tensor([0.5, 1.0, 2.0], requires_grad=True)
+    a = leaf * 1
+    with pytest.raises(RuntimeError, match=r"y shares memory with the input .* pass a copy \(y.clone\(\)\)"):
+        module.fma_(a, a)
+    assert torch.equal(a, leaf.detach())  # nothing written
+    for second in (a[:], a.detach()):  # a view, and one that does not require grad
+        with pytest.raises(RuntimeError, match="y shares memory"):
+            module.fma_(a, second)
+    (grad,) = torch.autograd.grad(module.fma_(leaf * 1, a.clone()).sum(), leaf)
+    torch.testing.assert_close(grad, 2 * leaf.detach() + torch.cos(leaf.detach()))
+    with torch.no_grad():
+        b = leaf.detach().clone()
+        module.fma_(b, b)
+    torch.testing.assert_close(b, leaf.detach() ** 2 + torch.sin(leaf.detach()))
+    shift = import_source(symgrad.generate_source("exp(x) + y", "Shift_", inplace=True), tmp_path)
+    c = leaf * 1
+    (grad,) = torch.autograd.grad(shift.shift_(c, c).sum(), leaf)  # backward needs no y: allowed
+    torch.testing.assert_close(grad, torch.exp(leaf.detach()) + 1)
 
 
 def test_mixed_dtypes_and_broadcasting_keep_working(tmp_path):

@@ -258,6 +258,9 @@ RESOLUTION = [
     (dict(expr="x, a", params=("a",)), "output 2 does not depend on any input"),
     (dict(expr="x*y - x*y + y, x - x", inputs=("x", "y")), "output 2 does not depend on any input"),
     (dict(expr="x - x + 1"), "no differentiable input"),
+    # (a domain given twice was taken silently, the last one winning: a user hunt)
+    (dict(expr="x**2", domain=(("x", 0.0, 1.0), ("x", 2.0, 3.0))), "--domain x=... is given twice"),
+    (dict(expr="x", params=("lam",), grads=(("x", "-mu"),)), "--params names 'lam', which the expression does not use"),
 ]
 
 
@@ -291,6 +294,24 @@ def test_inputs_and_params_resolution(kwargs, fragment):
     with pytest.raises(SymgradError, match=None) as info:
         parse_spec(Spec(name="F", **kwargs))
     assert fragment in str(info.value)
+
+
+def test_a_param_may_appear_in_a_surrogate_gradient_alone(tmp_path):
+    """--grad "x=-lam" with the output x: the scaled gradient reversal of domain-adversarial
+    training (refused as a param "the expression does not use" before: a user hunt)."""
+    parsed = parse_spec(Spec(expr="x", name="F", params=("lam",), grads=(("x", "-lam"),)))
+    assert [s.name for s in parsed.inputs] == ["x"] and [s.name for s in parsed.params] == ["lam"]
+    assert parsed.surrogates == ((parsed.inputs[0], -parsed.params[0]),)
+    import torch
+    from test_fuzz import import_source
+
+    from symgrad import generate_source
+
+    module = import_source(generate_source("x", "ScaledReverse", params=["lam"], grads={"x": "-lam"}), tmp_path)
+    for lam in (0.3, torch.tensor(2.0)):
+        x = torch.tensor([0.5, -1.0], requires_grad=True)
+        (grad,) = torch.autograd.grad(module.scaled_reverse(x, lam), x, torch.tensor([1.0, 3.0]))
+        torch.testing.assert_close(grad, -torch.as_tensor(lam) * torch.tensor([1.0, 3.0]))
 
 
 def test_inputs_default_to_sorted_free_symbols_minus_params():

@@ -196,6 +196,10 @@ def test_rationals_and_constants_print_as_floats():
     assert print_torch(1 / X, NAMES) == "1 / x"
     assert print_torch(sympy.sqrt(X), NAMES) == "torch.sqrt(x)"
     assert print_torch(1 / sympy.sqrt(X), NAMES) == "torch.rsqrt(x)"
+    # A Float coefficient of 1 is no multiplication: GELU written 0.5*x*(1 + erf(x/sqrt(2)))
+    # printed 1.0 * x * ... and .mul_(1.0), one kernel each in forward and backward (a user hunt).
+    assert print_torch(sympy.Float(1.0) * X * sympy.exp(X), NAMES) == "x*torch.exp(x)"
+    assert print_torch(sympy.Float(-1.0) * X * sympy.exp(X), NAMES) == "-x*torch.exp(x)"
 
 
 DTYPE_EXPRS = [

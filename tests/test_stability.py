@@ -482,6 +482,16 @@ CASES = [
     # log(1 - exp(-x)) as log(-expm1(-x)) was 0 in float32 from x = 17, where it is about
     # -exp(-x): Maechler's log1mexp switches to log1p(-exp(-x)) above log(2).
     Case("log1mexp", "log(1-exp(-x))", lambda x: mpmath.log(-mpmath.expm1(-x)), where=lambda x: x > 0),
+    # The complementary log-log link: its gradient exp(x)/expm1(exp(x)) was inf/inf = nan
+    # from x = 89 in float32 and 710 in float64, where it is 0 (stable.
+    # _rule_exp_over_positive_expm1). (Below x = -103 in float32, exp(x) is 0 and the value
+    # -inf, as written: README, "Numerical stability".)
+    Case(
+        "cloglog",
+        "log(1-exp(-exp(x)))",
+        lambda x: mpmath.log(-mpmath.expm1(-mpmath.exp(x))),
+        points=tuple((p,) for p in POINTS if p >= -50) + ((-80.0,), (88.0,), (89.0,), (700.0,), (710.0,)),
+    ),
     # x/(exp(x) - 1): its derivative's exp(x)/expm1(x)**2 was inf/inf = nan at x = 100.
     Case("bernoulli", "x/(exp(x)-1)", lambda x: mpmath.mpf(1) if x == 0 else x / mpmath.expm1(x)),
     # cancellations: sqrt(1 + x) - 1 (stable._rule_root_excess), cosh(x) - 1 (_rule_minus_one)
@@ -861,6 +871,34 @@ def test_float16_intermediates_do_not_overflow(name, save, gen_dir, device):
         if worst > RTOL[torch.float16]:
             bad.append((point, got_value, got_grads, worst))
     assert not bad, f"{name} ({save}, float16): relative errors above {RTOL[torch.float16]} at {bad}"
+
+
+def test_float16_next_to_a_float32_scalar_still_computes_in_float32(gen_dir, device):
+    """A 0-d float32 tensor (a param, or an input: an nn.Parameter next to float16
+    activations) leaves the result float16, as torch's type promotion does, so the body
+    still computes in float32 and rounds once: with the scale a 0-d float32 tensor,
+    p*x/(x**2 + 6)**3 was 0 at x = 10 and its gradient nan, all in float16 (a user hunt)."""
+    param = _exec_module(generate_source("p*x/(x**2 + 6)**3", "HalfParam", params=["p"]), "half_param")
+    inputs = _exec_module(generate_source("y*x/(x**2 + 6)**3", "HalfInputs", inputs=["x", "y"]), "half_inputs")
+    x = torch.tensor([10.0, 30.0], dtype=torch.float16, device=device, requires_grad=True)
+    wide = x.detach().double()
+    subnormal_step = 2.0**-24  # (float16's spacing below 6.1e-5: the values at x = 30)
+    want = 216 * wide / (wide**2 + 6) ** 3
+    want_x = 216 / (wide**2 + 6) ** 3 - 1296 * wide**2 / (wide**2 + 6) ** 4
+    scales = [216.0, torch.tensor(216.0, dtype=torch.float16), torch.tensor(216.0), torch.tensor(216.0, dtype=torch.float64)]
+    for scale in scales:
+        value = param["half_param"](x, scale.to(device) if isinstance(scale, torch.Tensor) else scale)
+        (grad,) = torch.autograd.grad(value.sum(), x)
+        assert value.dtype == grad.dtype == torch.float16
+        torch.testing.assert_close(value.double(), want, rtol=RTOL[torch.float16], atol=subnormal_step)
+        torch.testing.assert_close(grad.double(), want_x, rtol=RTOL[torch.float16], atol=subnormal_step)
+    y = torch.tensor(216.0, device=device, requires_grad=True)
+    value = inputs["half_inputs"](x, y)
+    grad_x, grad_y = torch.autograd.grad(value.sum(), (x, y))
+    assert value.dtype == torch.float16 and grad_y.dtype == torch.float32
+    torch.testing.assert_close(value.double(), want, rtol=RTOL[torch.float16], atol=subnormal_step)
+    torch.testing.assert_close(grad_x.double(), want_x, rtol=RTOL[torch.float16], atol=subnormal_step)
+    torch.testing.assert_close(grad_y.double(), (want / 216).sum(), rtol=RTOL[torch.float16], atol=subnormal_step)
 
 
 @pytest.mark.parametrize("upstream", [1.0, 0.01])
@@ -1347,6 +1385,8 @@ EQUALITY_EXPRS = [
     sympy.log(2 * sympy.exp(X) - 2 * sympy.exp(-Y**2)),
     sympy.diff(sympy.log(sympy.exp(X) - sympy.exp(Y)), X, Y),
     3 * sf.sigmoid(2 - X * Y) - 3 * sf.sigmoid(-X * Y - 1),
+    sympy.diff(sympy.log(1 - sympy.exp(-sympy.exp(X))), X, 2),
+    Y * sympy.exp(2 * X) / (sympy.exp(sympy.exp(X)) - 1) ** 2,
 ]
 PIECEWISE_EXPRS = [e for e in EQUALITY_EXPRS if e.has(sympy.Piecewise)]
 
@@ -1627,6 +1667,8 @@ def test_rewrites_reach_the_stable_forms():
     assert stabilize(sympy.asinh(sympy.sinh(x))) == x
     assert not stabilize(sympy.exp(x) / (1 + sympy.exp(x))).has(sympy.exp)
     assert stabilize(sympy.exp(x) - 1) == expm1(x)
+    # (the complementary log-log's gradient: no inf/inf where exp(exp(x)) overflows)
+    assert stabilize(sympy.exp(x) / (sympy.exp(sympy.exp(x)) - 1)) == -sympy.exp(x - sympy.exp(x)) / expm1(-sympy.exp(x))
     assert stabilize(sympy.log(1 + x**2)) == log1p(x**2)
     assert stabilize(1 - sympy.tanh(x) ** 2) == sympy.cosh(x) ** -2
     assert stabilize(x * (1 + sympy.erf(x / sympy.sqrt(2))) / 2) == x * sf.ndtr(x)
@@ -2356,8 +2398,10 @@ _NORMAL_TAIL_CASES = ("log_ndtr", "log_erfc", "log_one_plus_erf")
 # (barron_negative_alpha: autograd's derivative of its gradient 216*x/(x**2 + 6)**3 is
 # 3.3e-4 off at |x| = 1e4 in float32, as it was with power_excess: the gradient is no power
 # minus its value)
+# (cloglog: autograd's derivative of exp(x - exp(x)) is 0*inf = nan from x = 89 in float32,
+# and the symbolic one cancels as x goes to -inf, where exp(x)/(1 - exp(-exp(x))) tends to 1)
 _SECOND_DERIVATIVE_GAPS = {("lisht", "memory"), ("barron_negative_alpha", "memory")} | {
-    (name, save) for name in ("log_x_over_sinh", "log_x_sinh", "sac_log_det") for save in ("memory", "speed")
+    (name, save) for name in ("log_x_over_sinh", "log_x_sinh", "sac_log_det", "cloglog") for save in ("memory", "speed")
 }
 
 
