@@ -135,7 +135,8 @@ def parse_spec(spec: Spec) -> Parsed:
         # is the scaled gradient reversal of domain-adversarial training.
         for name, text in spec.grads or ():
             for symbol in parse_elementwise(text, f"--grad {name}").free_symbols:
-                by_name.setdefault(symbol.name, symbol)
+                if symbol.name in spec.params:  # (an input must be in the expression)
+                    by_name.setdefault(symbol.name, symbol)
     symbols = sorted({s for out in outputs for s in out.expr.free_symbols}, key=lambda s: s.name)
     params = _resolve_names(spec.params, by_name, "--params")
     if spec.inputs is None:

@@ -392,7 +392,7 @@ class _Builder:
                 if isinstance(node, _TENSOR_CONTEXTS)
             ):
                 name = self.name(param)
-                dtype = f"torch.result_type({reference}, {name})" if self.promotes(reference) else f"{reference}.dtype"
+                dtype = f"_dtype_with({reference}, {name})" if self.promotes(reference) else f"{reference}.dtype"
                 lines.append(f"{name} = torch.as_tensor({name}, dtype={dtype}, device={reference}.device)")
         return lines
 
@@ -430,6 +430,10 @@ class _Builder:
         out_of_place_forward = None if fused else self.forward()
         forward = fused.forward_call if fused else self.eager(out_of_place_forward)
         backward = fused.backward_call if fused else self.eager(self.backward(saved), differentiating=True)
+        readers = self.inplace_readers() if inplace else {}
+        if readers:
+            refusal = f"_refuse_overwritten(ctx, {', '.join(f'{k}={v!r}' for k, v in readers.items())})"
+            backward = dataclasses.replace(backward, lines=(refusal, *backward.lines))
         jvp = fused.jvp_call if fused else self.eager(self.jvp(saved), differentiating=True)
         plan = Plan(
             value_name=_value_name(self.alias) if value else None,
@@ -685,17 +689,26 @@ class _Builder:
                 save_names.append(before)
             else:
                 save_names.append(target if symbol in self.names.results else self.name(symbol))
-        # The other inputs and params backward reads, which must not be the target's memory.
-        kept = [self.name(s) for s in saved if s in self.inputs[1:]] + [self.name(p) for p in self.saved_params()]
-        if kept:
-            lines.append(f"_refuse_aliases(ctx, {target}, {', '.join(f'{k}={k}' for k in kept)})")
         param_lines, tensors = self.save_parts("save_for_backward", save_names)
         lines += param_lines
-        lines.append(f"_overwrite({target}, {result})")
+        # The other inputs and params backward reads: the write may change them (mul_(a, a)).
+        kept = "".join(f", {k}={k}" for k in self.inplace_readers())
+        lines.append(f"ctx.overwritten = _overwrite({target}, {result}{kept})" if kept else f"_overwrite({target}, {result})")
         lines.append(f"ctx.mark_dirty({target})")
         if tensors:
             lines.append(f"ctx.save_for_backward({', '.join(tensors)})")
         return Method(self.forward_params(), tuple(lines), target)
+
+    def inplace_readers(self) -> dict[str, tuple[int, ...]]:
+        """For an in-place Function: each input after the first and each param that backward
+        reads, with the inputs whose gradients read it."""
+        kept = [s for s in self.saved() if s in self.inputs[1:]] + self.saved_params()
+        return {
+            self.name(s): tuple(
+                j for j in range(len(self.inputs)) if any(s in row[j].free_symbols for row in self.live_rows())
+            )
+            for s in kept
+        }
 
     def forward_params(self) -> tuple[str, ...]:
         return tuple(self.name(s) for s in self.inputs + self.params)

@@ -180,40 +180,63 @@ HELPERS: dict[str, tuple[str, ...]] = {
         "    every 0-d one: as in torch's type promotion, a 0-d tensor (a float32 param next to",
         "    float16 activations) takes the others' dtype.",
         '    """',
+        "    if not any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in values):",
+        "        return (*values, None)  # (the common case, first: float32 pays 0.5 us here)",
         "    floating = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]",
         "    deciding = [v for v in floating if v.dim() > 0] or floating",
-        "    if not deciding or any(v.dtype != torch.float16 for v in deciding):",
+        "    if any(v.dtype != torch.float16 for v in deciding):",
         "        return (*values, None)",
         "    widened = (v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v for v in values)",
         "    return (*widened, torch.float16)",
     ),
-    "_refuse_aliases": (
-        "def _refuse_aliases(ctx, target, **saved):",
-        '    """Raise where a tensor that backward needs shares memory with ``target``, which an',
-        "    in-place forward is about to overwrite: backward would read the new values (mul_(a, a)",
-        "    gave a wrong gradient). torch's own in-place ops refuse it too, at backward (\"modified",
-        '    by an inplace operation"). Only where a gradient is wanted, and not under torch.compile,',
-        '    whose fake tensors have no memory to compare: pass a copy there."""',
-        "    if torch.compiler.is_compiling() or not any(ctx.needs_input_grad):",
-        "        return",
-        "    memory = target.untyped_storage().data_ptr()",
-        "    for name, value in saved.items():",
-        "        if isinstance(value, torch.Tensor) and memory != 0 and value.untyped_storage().data_ptr() == memory:",
-        "            raise RuntimeError(",
-        '                f"{name} shares memory with the input this in-place function overwrites, and backward"',
-        '                f" needs {name}: pass a copy ({name}.clone())"',
-        "            )",
+    "_dtype_with": (
+        "def _dtype_with(reference, value):",
+        '    """The dtype for ``value``, a number or tensor param, made a tensor beside ``reference``,',
+        "    an input: the input's where it is floating; else what torch's type promotion gives the",
+        "    two (0.5 with an int64 input is float32, as a Python number is; cast to int64 it was 0).",
+        "    (torch.result_type, in a form torch.compile traces.)",
+        '    """',
+        "    if reference.is_floating_point():",
+        "        return reference.dtype",
+        "    if isinstance(value, torch.Tensor):",
+        "        return torch.promote_types(reference.dtype, value.dtype)",
+        "    if isinstance(value, float):",
+        "        return torch.get_default_dtype()",
+        "    return torch.int64 if reference.dtype == torch.bool and not isinstance(value, bool) else reference.dtype",
     ),
     "_overwrite": (
-        "def _overwrite(target, result):",
+        "def _overwrite(target, result, **kept):",
         '    """``target.copy_(result)``, refusing a result of a dtype ``target`` cannot hold, as',
         "    torch's own in-place ops do (torch.tensor([1, 2]).exp_() raises; copy_ would truncate",
-        "    to [2, 7]). (torch.can_cast, in a form torch.compile traces.)",
+        "    to [2, 7]); then the names of the ``kept`` tensors (what backward reads) that the write",
+        "    changed: they share ``target``'s memory (mul_(a, a)), and _refuse_overwritten keeps",
+        "    backward from reading their new values. (torch.can_cast, in a form torch.compile",
+        "    traces; version counters it cannot, so under it nothing is reported.)",
         '    """',
         "    narrowed = result.is_floating_point() and not target.is_floating_point()",
         "    if narrowed or (target.dtype == torch.bool and result.dtype != torch.bool):",
         '        raise RuntimeError(f"result type {result.dtype} can\'t be cast to the desired output type {target.dtype}")',
-        "    return target.copy_(result)",
+        "    if torch.compiler.is_compiling():",
+        "        target.copy_(result)",
+        "        return ()",
+        "    # (an inference tensor has no version counter, and cannot be saved for backward)",
+        "    tracked = {name: v for name, v in kept.items() if isinstance(v, torch.Tensor) and not v.is_inference()}",
+        "    versions = {name: value._version for name, value in tracked.items()}",
+        "    target.copy_(result)",
+        "    return tuple(name for name, version in versions.items() if tracked[name]._version != version)",
+    ),
+    "_refuse_overwritten": (
+        "def _refuse_overwritten(ctx, **readers):",
+        '    """Raise where a wanted gradient (``readers``: the inputs whose gradients read each',
+        "    kept tensor) would read a tensor the in-place forward overwrote (_overwrite): it would",
+        "    use the new values, silently (mul_(a, a) did). torch's own in-place ops raise there",
+        '    too ("modified by an inplace operation")."""',
+        "    for name in ctx.overwritten:",
+        "        if any(ctx.needs_input_grad[i] for i in readers[name]):",
+        "            raise RuntimeError(",
+        '                f"{name} shares memory with the input this in-place function overwrote, and a gradient"',
+        '                f" reads {name}: pass a copy ({name}.clone())"',
+        "            )",
     ),
     "_round_to": (
         "def _round_to(half, *values):",
@@ -409,7 +432,7 @@ class TorchPrinter(StrPrinter):
                 # condition's own tensors may be bool, e.g. a CSE temporary `t0 = x < 1`.)
                 if self._reference is not None:
                     ref = self._reference
-                    dtype = f"torch.result_type({ref}, {value_text})" if self._promote else f"{ref}.dtype"
+                    dtype = f"_dtype_with({ref}, {value_text})" if self._promote else f"{ref}.dtype"
                     value_text = f"torch.tensor({value_text}, dtype={dtype}, device={ref}.device)"
                 else:
                     anchor = self._print(sorted(condition.free_symbols, key=str)[0])
@@ -497,7 +520,7 @@ def print_torch(
     ``sqrt(10)*x`` as ``3.1622776601683795*x``), as plan.py's CSE input already does;
     exponents stay exact. ``compiled``: the code runs under torch.compile (a fused
     module's bodies), so COMPILED_CALLS apply. ``promote``: ``reference`` may be an integer
-    tensor, so a number made a tensor takes ``torch.result_type`` with it, not its dtype.
+    tensor, so a number made a tensor takes the helper ``_dtype_with`` of it, not its dtype.
     """
     return TorchPrinter(names, reference, compiled, promote).doprint(numbers_to_floats(expr))
 
@@ -542,11 +565,26 @@ def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
 
 
 def _without_unit_coefficient(expr: sympy.Basic) -> sympy.Basic:
-    """``1.0*x`` as ``x`` (``-1.0*x`` as ``-x``): SymPy keeps a Float coefficient of 1, which
-    would print, and run, as a multiplication (GELU written ``0.5*x*(1 + erf(x/sqrt(2)))`` is
-    ``1.0*x*ndtr(x)`` once stabilised: one kernel more in forward and in backward)."""
+    """``1.0*x*f(x)`` as ``x*f(x)`` (``-1.0*...`` as ``-...``), where ``f`` certainly makes the
+    product floating: SymPy keeps a Float coefficient of 1, which would print, and run, as a
+    multiplication (GELU written ``0.5*x*(1 + erf(x/sqrt(2)))`` is ``1.0*x*ndtr(x)`` once
+    stabilised: one kernel more in forward and in backward). Elsewhere the 1.0 stays: it is
+    what makes ``1.0*x**2`` of an integer ``x`` float32, as in eager torch (found in review)."""
     if expr.is_Mul:
         coefficient, rest = expr.as_coeff_Mul()
-        if coefficient.is_Float and abs(float(coefficient)) == 1.0:  # (SymPy: Float(1) != 1)
+        unit = coefficient.is_Float and abs(float(coefficient)) == 1.0  # (SymPy: Float(1) != 1)
+        if unit and any(_floating_factor(f) for f in sympy.Mul.make_args(rest)):
             return rest if coefficient > 0 else -rest
     return expr
+
+
+# Functions whose torch spelling keeps an integer or bool tensor's dtype.
+_DTYPE_KEEPING = (sympy.Abs, sympy.sign, sympy.floor, sympy.ceiling, sympy.Min, sympy.Max, guard, finite)
+
+
+def _floating_factor(factor: sympy.Basic) -> bool:
+    """Whether torch computes ``factor`` as a floating-point tensor whatever the inputs' dtype:
+    a transcendental function, or a power that prints with a float exponent."""
+    if isinstance(factor, sympy.Function):
+        return not isinstance(factor, _DTYPE_KEEPING)
+    return factor.is_Pow and not (factor.exp.is_Integer and factor.exp >= 0)

@@ -49,6 +49,32 @@ def inputs(device, dtype=torch.float64):
     return x, y
 
 
+@pytest.mark.parametrize(
+    "text, params", [("x*sigmoid(beta*x)", ["beta"]), ("sin(x)*Piecewise((2.5, x > 1), (1, True))", [])]
+)
+def test_numbers_made_tensors_compile(text, params, tmp_path, device):
+    """A number made a tensor beside an input (a param in a torch function, a Piecewise of
+    numbers) takes its dtype from the helper _dtype_with, which Dynamo traces: with
+    torch.result_type, fused bodies fell back to eager, 4-5x slower, and torch.compile of the
+    default module with fullgraph=True failed (found in review)."""
+    args = [0.5] if params else []
+    plain = import_source(symgrad.generate_source(text, "NumPlain", params=params), tmp_path)
+    fused = compiled_at_every_size(import_source(symgrad.generate_source(text, "NumFused", params=params, fuse=True), tmp_path))
+    x = torch.linspace(-3, 3, 7, dtype=torch.float64, device=device, requires_grad=True)
+    want = plain.num_plain(x, *args)
+    (want_grad,) = torch.autograd.grad(want.sum(), x)
+    got = fused.num_fused(x, *args)
+    (got_grad,) = torch.autograd.grad(got.sum(), x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+    assert fused._num_fused_forward in fused._COMPILED
+    with torch.no_grad():
+        torch.testing.assert_close(fused._COMPILED[fused._num_fused_forward](x.detach(), *args), want.detach())
+    torch._dynamo.reset()
+    compiled = torch.compile(plain.num_plain, fullgraph=True, backend="aot_eager")(x, *args)
+    torch.testing.assert_close(compiled, want)
+
+
 def test_fused_source_uses_the_fused_template(modules):
     _, fused = modules
     source = open(fused.__file__).read()

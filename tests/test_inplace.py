@@ -304,29 +304,39 @@ def test_an_in_place_function_refuses_a_result_its_input_cannot_hold(tmp_path):
     assert module.int_exp_(x) is x and x.tolist() == [1.0, torch.e]
 
 
-def test_an_in_place_function_refuses_an_input_backward_needs_that_it_overwrites(tmp_path):
+def test_an_in_place_function_refuses_a_gradient_that_reads_what_it_overwrote(tmp_path):
     """mul_(a, a): the second input is the memory forward overwrites, and backward read its
-    new values (a wrong gradient, silently: a user hunt). It raises, before writing, as torch's
-    own a.mul_(a) does at backward; a copy, inference and an input backward does not need go
-    ahead."""
+    new values (a wrong gradient, silently: a user hunt). Now the gradient that reads it
+    raises, as torch's own a.mul_(a) does at backward; a copy, inference, and a gradient that
+    does not read it go ahead (review finds)."""
     module = import_source(symgrad.generate_source("x*y + sin(x)", "Fma_", inplace=True), tmp_path)
     leaf = torch.tensor([0.5, 1.0, 2.0], requires_grad=True)
+    message = r"y shares memory with the input this in-place function overwrote, .* \(y.clone\(\)\)"
+    for second in (lambda a: a, lambda a: a[:], lambda a: a.detach()):  # itself, a view, detached
+        a = leaf * 1
+        out = module.fma_(a, second(a))
+        with pytest.raises(RuntimeError, match=message):
+            torch.autograd.grad(out.sum(), leaf)
+    (grad,) = torch.autograd.grad(module.fma_(leaf * 1, (leaf * 1).detach()).sum(), leaf)
+    torch.testing.assert_close(grad, leaf.detach() + torch.cos(leaf.detach()))
     a = leaf * 1
-    with pytest.raises(RuntimeError, match=r"y shares memory with the input .* pass a copy \(y.clone\(\)\)"):
-        module.fma_(a, a)
-    assert torch.equal(a, leaf.detach())  # nothing written
-    for second in (a[:], a.detach()):  # a view, and one that does not require grad
-        with pytest.raises(RuntimeError, match="y shares memory"):
-            module.fma_(a, second)
-    (grad,) = torch.autograd.grad(module.fma_(leaf * 1, a.clone()).sum(), leaf)
+    (grad,) = torch.autograd.grad(module.fma_(a, a.clone()).sum(), leaf)
     torch.testing.assert_close(grad, 2 * leaf.detach() + torch.cos(leaf.detach()))
-    with torch.no_grad():
+    with torch.no_grad():  # (an nn.Parameter updated in place: no gradient, nothing to refuse)
+        b = leaf.detach().clone().requires_grad_()
+        module.fma_(b, b)
+    torch.testing.assert_close(b.detach(), leaf.detach() ** 2 + torch.sin(leaf.detach()))
+    with torch.inference_mode():  # (inference tensors have no version counter to read)
         b = leaf.detach().clone()
         module.fma_(b, b)
     torch.testing.assert_close(b, leaf.detach() ** 2 + torch.sin(leaf.detach()))
+    # Only y's gradient is wanted, and it reads x's copy, not y: the write into y is harmless.
+    y = leaf * 1
+    (grad,) = torch.autograd.grad(module.fma_(y.detach(), y).sum(), leaf)
+    torch.testing.assert_close(grad, leaf.detach())
     shift = import_source(symgrad.generate_source("exp(x) + y", "Shift_", inplace=True), tmp_path)
     c = leaf * 1
-    (grad,) = torch.autograd.grad(shift.shift_(c, c).sum(), leaf)  # backward needs no y: allowed
+    (grad,) = torch.autograd.grad(shift.shift_(c, c).sum(), leaf)  # backward reads no y
     torch.testing.assert_close(grad, torch.exp(leaf.detach()) + 1)
 
 

@@ -261,6 +261,8 @@ RESOLUTION = [
     # (a domain given twice was taken silently, the last one winning: a user hunt)
     (dict(expr="x**2", domain=(("x", 0.0, 1.0), ("x", 2.0, 3.0))), "--domain x=... is given twice"),
     (dict(expr="x", params=("lam",), grads=(("x", "-mu"),)), "--params names 'lam', which the expression does not use"),
+    # (a param, not an input: an input only a surrogate reads would have a gradient of 0)
+    (dict(expr="x", inputs=("x", "mu"), params=("lam",), grads=(("x", "-lam*mu"),)), "--inputs names 'mu'"),
 ]
 
 

@@ -200,6 +200,9 @@ def test_rationals_and_constants_print_as_floats():
     # printed 1.0 * x * ... and .mul_(1.0), one kernel each in forward and backward (a user hunt).
     assert print_torch(sympy.Float(1.0) * X * sympy.exp(X), NAMES) == "x*torch.exp(x)"
     assert print_torch(sympy.Float(-1.0) * X * sympy.exp(X), NAMES) == "-x*torch.exp(x)"
+    # (but where it is what makes an integer or bool input's product float, as in eager torch)
+    assert print_torch(sympy.Float(1.0) * X**2, NAMES) == "1.0*x ** 2"
+    assert print_torch(sympy.Float(-1.0) * X * sympy.Abs(X), NAMES).startswith("-1.0*")
 
 
 DTYPE_EXPRS = [
