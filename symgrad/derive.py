@@ -1422,10 +1422,38 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
             f"the function cannot be evaluated numerically ({type(exc).__name__}: {reason}); is it undefined"
             " somewhere, like log of a 0/1 comparison?"
         ) from None
-    chosen = {s: given.get(s.name, DOMAIN_CANDIDATES[0]) for s in symbols}
+    chosen, failed = _coordinate_search(evaluate, symbols, given, DOMAIN_CANDIDATES[0])
+    if failed is not None and len(symbols) > 1:
+        # Each symbol was tried with the others on their first candidate, where another may be
+        # undefined for every choice of the first: gamma(x) + loggamma(y) has gamma's poles on
+        # (-3, 3) whatever y's interval, and loggamma's whatever x's (a user hunt). Start again
+        # from the first candidate on which all of them are fine at once.
+        for candidate in DOMAIN_CANDIDATES[1:]:
+            if _all_moderate(evaluate, [given.get(s.name, candidate) for s in symbols]):
+                chosen, failed = _coordinate_search(evaluate, symbols, given, candidate)
+                break
+    if failed is not None:
+        raise SymgradError(
+            f"could not find an interval where the function and its gradients are finite and at most"
+            f" {DOMAIN_MAX_ABS:g} in size for {failed.name!r}; give one with --domain {failed.name}=LOW:HIGH"
+        )
+    if not _all_moderate(evaluate, [chosen[s] for s in symbols]):
+        raise SymgradError(
+            f"could not find sampling intervals where the function and its gradients are finite and at most"
+            f" {DOMAIN_MAX_ABS:g} in size;"
+            " give them with --domain NAME=LOW:HIGH"
+        )
+    return tuple((s, *chosen[s]) for s in symbols)
+
+
+def _coordinate_search(evaluate, symbols, given: dict, start: tuple[float, float]):
+    """Intervals for ``symbols`` (``given`` ones fixed, the others from ``start``), each the
+    first candidate on which the whole box is moderate with the others' current choices, in
+    two passes; and the symbol for which no candidate was, or None."""
+    chosen = {s: given.get(s.name, start) for s in symbols}
     passes = 2  # a second pass lets each symbol adapt to the others' choices
     for attempt in range(passes):
-        for index, symbol in enumerate(symbols):
+        for symbol in symbols:
             if symbol.name in given:
                 continue
             for candidate in DOMAIN_CANDIDATES:
@@ -1435,19 +1463,10 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
                     break
             else:
                 if attempt == passes - 1 or len(symbols) == 1:
-                    raise SymgradError(
-                        f"could not find an interval where the function and its gradients are finite and at most"
-                        f" {DOMAIN_MAX_ABS:g} in size for {symbol.name!r}; give one with --domain {symbol.name}=LOW:HIGH"
-                    )
+                    return chosen, symbol
                 # else: another symbol's interval may be what is wrong (x*log(y) fails for every
                 # x while y is still on (-3, 3)); the next pass tries again.
-    if not _all_moderate(evaluate, [chosen[s] for s in symbols]):
-        raise SymgradError(
-            f"could not find sampling intervals where the function and its gradients are finite and at most"
-            f" {DOMAIN_MAX_ABS:g} in size;"
-            " give them with --domain NAME=LOW:HIGH"
-        )
-    return tuple((s, *chosen[s]) for s in symbols)
+    return chosen, None
 
 
 def _probe_points(intervals: list[tuple[float, float]]):
