@@ -130,9 +130,10 @@ def parse_spec(spec: Spec) -> Parsed:
     # --inputs/--params may name any symbol the text names, even one that cancels (x*y - x*y);
     # the default inputs are the symbols the outputs still depend on.
     by_name = {s.name: s for s in written}
-    if spec.params:
+    if any(name not in by_name for name in spec.params):
         # A param may appear in a surrogate gradient alone: --grad "x=-lam" with the output x
-        # is the scaled gradient reversal of domain-adversarial training.
+        # is the scaled gradient reversal of domain-adversarial training. (Only then are the
+        # surrogates parsed here too; _parse_surrogates parses and checks them.)
         for name, text in spec.grads or ():
             for symbol in parse_elementwise(text, f"--grad {name}").free_symbols:
                 if symbol.name in spec.params:  # (an input must be in the expression)
