@@ -146,8 +146,10 @@ def generate_file(spec: Spec, out_dir: str | Path = "generated", *, force: bool 
 
     Raises:
         SymgradError: for bad input, or if the target is not symgrad's to overwrite: a file
-            edited by hand (unless ``force``) or a file symgrad did not write (always).
+            edited by hand or one written for a function of another name whose module name is
+            the same (``FooBar`` and ``Foo_Bar``), unless ``force``, or a file symgrad did not
+            write (always).
     """
     path = output_path(spec, out_dir)
     text = source_for_spec(spec, out_dir)  # everything that can fail is done before touching disk
-    return path, write_if_changed(path, text, force=force)
+    return path, write_if_changed(path, text, force=force, name=spec.name)

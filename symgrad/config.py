@@ -90,6 +90,8 @@ def _read_table(path: Path) -> dict[str, Any]:
         raise SymgradError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SymgradError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # (TOML is UTF-8; a UTF-16 file was an internal error)
+        raise SymgradError(f"{path}: invalid TOML: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     table = document.get("tool", {}).get("symgrad")
     if not isinstance(table, dict):
         raise SymgradError(f"{path}: no [tool.symgrad] table")

@@ -7,6 +7,7 @@ Those are renamed internally, never rejected.
 
 from __future__ import annotations
 
+import builtins
 import keyword
 import re
 
@@ -33,6 +34,12 @@ RESERVED = frozenset(
 
 _CLASS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
+# The functional alias is a module-level name, so it must not shadow what the module's own
+# code calls: its imports, and Python's builtins (the float16 helpers call any, isinstance,
+# tuple and len; a fused module, set). `--name Any` wrote a module whose every call raised
+# (found by a user-level hunt).
+_SHADOWED = frozenset(n for n in dir(builtins) if not n.startswith("_")) | {"torch", "inspect"}
+
 
 def snake_case(name: str) -> str:
     """CamelCase to snake_case, keeping acronyms whole.
@@ -57,8 +64,14 @@ def check_class_name(name: str) -> str:
             f"--name {name!r} must contain an upper-case letter, so that the functional alias"
             f" {alias!r} differs from the class (e.g. {name[0].upper() + name[1:]})"
         )
-    if keyword.iskeyword(alias) or alias in ("torch", "__init__"):
+    if keyword.iskeyword(alias) or alias == "__init__":
         raise SymgradError(f"--name {name!r} gives the module name {alias!r}, which Python cannot import")
+    if alias in _SHADOWED:
+        what = "the module's import" if alias in ("torch", "inspect") else "Python's builtin"
+        raise SymgradError(
+            f"--name {name!r} gives the functional alias {alias!r}, which would shadow {what} {alias!r}:"
+            " choose another name"
+        )
     return alias
 
 

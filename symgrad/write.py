@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +111,10 @@ def read_text(path: Path) -> str | None:
 
 
 def ensure_package(directory: Path) -> None:
-    """Create ``directory`` as a package (with ``__init__.py``) if it does not exist."""
+    """Create ``directory`` as a package (with ``__init__.py``) if it does not exist. A
+    folder that exists is left as it is: ``--out .`` made the project root a package."""
+    if directory.is_dir():
+        return
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -129,8 +133,9 @@ class Refused(SymgradError):
         self.reason = reason
 
 
-def check_writable(path: Path, force: bool) -> str | None:
-    """Why ``path`` must not be overwritten, or ``None`` if it may be."""
+def check_writable(path: Path, force: bool, name: str | None = None) -> str | None:
+    """Why ``path`` must not be overwritten, or ``None`` if it may be. With ``name``, a
+    file symgrad wrote for a function of another name is one too (without ``force``)."""
     if not path.exists():
         return None
     if not path.is_file():
@@ -147,29 +152,35 @@ def check_writable(path: Path, force: bool) -> str | None:
         return "it was not written by symgrad (such a file is never overwritten, even with --force)"
     if is_hand_edited(text) and not force:
         return "it was edited by hand since symgrad wrote it (use --force to overwrite it)"
+    if name is not None and spec.name != name and not force:
+        # FooBar and Foo_Bar share foo_bar.py: the second silently replaced the first, whose
+        # imports then failed (found by a user-level hunt; `symgrad build` refuses such a pair)
+        return f"it holds {spec.name}, another function with the same module name (use --force to replace it)"
     return None
 
 
-def write_status(path: Path, text: str, force: bool = False) -> str:
+def write_status(path: Path, text: str, force: bool = False, name: str | None = None) -> str:
     """What writing ``text`` to ``path`` would do: "created", "updated" or "unchanged".
 
-    Raises ``Refused`` if the file is foreign or hand-edited (without ``force``).
+    Raises ``Refused`` if the file is foreign or hand-edited, or (given ``name``) holds
+    another function, without ``force``.
     """
     if path.is_file() and read_text(path) == text:
         return "unchanged"
-    reason = check_writable(path, force)
+    reason = check_writable(path, force, name)
     if reason:
         raise Refused(path, reason)
     return "updated" if path.exists() else "created"
 
 
-def write_if_changed(path: Path, text: str, force: bool = False) -> str:
+def write_if_changed(path: Path, text: str, force: bool = False, name: str | None = None) -> str:
     """Write ``text`` to ``path`` unless unchanged; returns "created", "updated" or "unchanged".
 
-    Raises ``Refused`` if the file is foreign or hand-edited (without ``force``), or
-    ``SymgradError`` if it cannot be written; the old file is then left as it was.
+    Raises ``Refused`` if the file is foreign or hand-edited, or (given ``name``) holds
+    another function, without ``force``, or ``SymgradError`` if it cannot be written; the
+    old file is then left as it was.
     """
-    status = write_status(path, text, force)
+    status = write_status(path, text, force, name)
     if status != "unchanged":
         ensure_package(path.parent)
         atomic_write(path, text)
@@ -180,11 +191,19 @@ def atomic_write(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and ``os.replace``: readers see the old
     file or the new one, never a half-written one, and a failure leaves the old file.
 
+    A file that exists keeps its permissions, and a symbolic link its place: the file it
+    points to is replaced.
+
     Raises ``SymgradError`` (one line) if the file system refuses; an interrupt
     (``KeyboardInterrupt``) propagates after the temporary file is removed.
     """
+    target = Path(os.path.realpath(path))  # (messages name the path as given)
     try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        mode = 0o644
+    try:
+        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
         raise SymgradError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
@@ -193,8 +212,8 @@ def atomic_write(path: Path, text: str) -> None:
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
     except BaseException as exc:
         _remove_quietly(temporary)
         if isinstance(exc, OSError):

@@ -232,6 +232,15 @@ def test_bad_config_writes_nothing(cli, tmp_path, config, fragment):
     assert snapshot(tmp_path) == before
 
 
+def test_config_that_is_not_utf8_is_refused(cli, tmp_path):
+    (tmp_path / "pyproject.toml").write_bytes("[[tool.symgrad.functions]]\nname = 'Sq'\nexpr = 'x**2'\n".encode("utf-16"))
+    before = snapshot(tmp_path)
+    code, out, err = cli("build")
+    assert (code, out) == (2, "")
+    assert err.startswith("symgrad: error: ") and "invalid TOML: not UTF-8" in err and len(err.splitlines()) == 1, err
+    assert snapshot(tmp_path) == before
+
+
 def test_build_usage_error(cli, project):
     before = snapshot(project)
     code, out, err = cli("build", "--config")

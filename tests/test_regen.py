@@ -163,6 +163,22 @@ def test_rerun_onto_hand_edited_file_needs_force(cli, tmp_path):
     assert path.read_text() == generate_source("x**3", "Square")
 
 
+def test_another_function_with_the_same_module_name_needs_force(cli, tmp_path):
+    # FooBar and Foo_Bar both write foo_bar.py: the second replaced the first silently
+    assert cli("exp(x)", "--name", "FooBar")[0] == 0
+    path = tmp_path / "generated" / "foo_bar.py"
+    before = snapshot(tmp_path)
+    assert_error(
+        cli("sin(x)", "--name", "Foo_Bar"),
+        "refusing to overwrite generated/foo_bar.py: it holds FooBar, another function with the same module name"
+        " (use --force to replace it)",
+    )
+    assert snapshot(tmp_path) == before
+    assert cli("exp(x) + 1", "--name", "FooBar")[0] == 0  # the same function, changed: an update
+    assert cli("sin(x)", "--name", "Foo_Bar", "--force")[0] == 0
+    assert path.read_text() == generate_source("sin(x)", "Foo_Bar")
+
+
 def test_hash_lookalike_in_body_counts_as_edit(cli, tmp_path):
     assert cli("x**2", "--name", "Square")[0] == 0
     path = tmp_path / "generated" / "square.py"
@@ -228,6 +244,26 @@ def test_malformed_spec_record(cli, tmp_path, record, fragment):
 def test_directory_in_the_way_is_refused(cli, tmp_path):
     (tmp_path / "generated" / "square.py").mkdir(parents=True)
     assert_error(cli("x**2", "--name", "Square", "--force"), "not a regular file")
+
+
+def test_existing_folder_is_not_made_a_package(cli, tmp_path):
+    # `--out .` wrote ./__init__.py, making the project root a package (a user-level hunt)
+    assert cli("exp(x)", "--name", "Ex", "--out", ".")[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ex.py"]
+    assert cli("exp(x)", "--name", "Ex", "--out", "new/sub")[0] == 0
+    assert (tmp_path / "new" / "sub" / "__init__.py").is_file()
+
+
+def test_update_keeps_permissions_and_symbolic_links(cli, tmp_path):
+    assert cli("x**2", "--name", "Square", "--out", "real")[0] == 0
+    real = tmp_path / "real" / "square.py"
+    real.chmod(0o640)
+    (tmp_path / "generated").mkdir()
+    link = tmp_path / "generated" / "square.py"
+    link.symlink_to(real)
+    assert cli("x**3", "--name", "Square")[0] == 0
+    assert link.is_symlink() and real.read_text() == generate_source("x**3", "Square")
+    assert real.stat().st_mode & 0o777 == 0o640
 
 
 # --- failed and interrupted writes ----------------------------------------------------------
