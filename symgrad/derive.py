@@ -116,7 +116,9 @@ def derive(parsed: Parsed) -> Derivation:
             raise SymgradError(f"{where} is constant ({folded}) for every input, so it has no gradient")
     raw = tuple(
         tuple(
-            surrogates[symbol] if symbol in surrogates else real_abs_powers(cheapest_form(_differentiate(out.expr, symbol)))
+            surrogates[symbol]
+            if symbol in surrogates
+            else real_abs_powers(cheapest_form(_differentiate(_sigmoid_complements(out.expr), symbol)))
             for symbol in parsed.inputs
         )
         for out in parsed.outputs
@@ -148,6 +150,30 @@ def derive(parsed: Parsed) -> Derivation:
         identities=tuple(sorted(identities)),
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
+
+
+def _sigmoid_complements(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each ``c - c*sigmoid(u)`` as ``c*sigmoid(-u)``, before differentiating.
+
+    The derivative of ``log(1 - sigmoid(u))`` is then ``-sigmoid(u)*sigmoid(-u)/sigmoid(-u)``,
+    which SymPy cancels as it builds it. Differentiated as written, it divided by
+    ``1 - sigmoid(u)``, and the cost-guarded simplification factored the sigmoid(-u) of the
+    other terms out of the sum: the binary focal loss's gradient,
+    ``sigmoid(-x)*(sigmoid(x)**3/sigmoid(-x) + ...)``, was 0*inf = nan from x = 89 in float32
+    (found by an accuracy hunt).
+    """
+
+    def complement(node: sympy.Expr) -> sympy.Expr:
+        constant, rest = node.as_coeff_Add()
+        if constant == 0:
+            return node
+        for term in sympy.Add.make_args(rest):
+            coeff, f = term.as_coeff_Mul()
+            if isinstance(f, sigmoid) and coeff == -constant:
+                return rest - term + constant * sigmoid(-f.args[0])
+        return node
+
+    return expr.replace(lambda node: node.is_Add, complement)
 
 
 def _refuse_interval_values(parsed: Parsed, gradients: list[tuple[sympy.Expr, ...]]) -> None:
