@@ -198,15 +198,16 @@ def _modules(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.py") if p.name != "__init__.py")
 
 
-def _sync(path: Path, make_text: Callable[[], str], force: bool) -> tuple[str, str]:
+def _sync(path: Path, make_text: Callable[[], str], force: bool, name: str | None = None) -> tuple[str, str]:
     """Generate one file and write it if it changed: (status, reason) for its report line.
 
-    status is "created", "updated", "unchanged", "refused" (symgrad may not overwrite it)
-    or "failed" (generation or the write failed; the old file is left as it was).
+    status is "created", "updated", "unchanged", "refused" (symgrad may not overwrite it:
+    with ``name``, also a file written for a function of another name) or "failed"
+    (generation or the write failed; the old file is left as it was).
     """
     try:
         text = make_text()
-        status = write_status(path, text, force)
+        status = write_status(path, text, force, name)
         if status != "unchanged":
             ensure_package(path.parent)
             atomic_write(path, text)
@@ -296,7 +297,7 @@ def build(config: Path, force: bool = False, check_only: bool = False) -> int:
     failures = 0
     for target in targets:
         make = lambda target=target: source_for_spec(target.spec, target.out)  # noqa: E731
-        failures += _report(target.path, *_sync(target.path, make, force))
+        failures += _report(target.path, *_sync(target.path, make, force, target.spec.name))
     return EXIT_FAILED if failures else EXIT_OK
 
 

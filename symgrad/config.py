@@ -92,7 +92,8 @@ def _read_table(path: Path) -> dict[str, Any]:
         raise SymgradError(f"{path}: invalid TOML: {exc}") from None
     except UnicodeDecodeError as exc:  # (TOML is UTF-8; a UTF-16 file was an internal error)
         raise SymgradError(f"{path}: invalid TOML: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    table = document.get("tool", {}).get("symgrad")
+    tool = document.get("tool", {})
+    table = tool.get("symgrad") if isinstance(tool, dict) else None  # (`tool = 1` was an internal error)
     if not isinstance(table, dict):
         raise SymgradError(f"{path}: no [tool.symgrad] table")
     return table

@@ -114,14 +114,13 @@ def derive(parsed: Parsed) -> Derivation:
             # campaign; the second printed torch.where of two numbers, of the default dtype).
             where = f"output {index + 1}" if len(forward) > 1 else "the expression"
             raise SymgradError(f"{where} is constant ({folded}) for every input, so it has no gradient")
+    complemented = [_sigmoid_complements(out.expr) for out in parsed.outputs]
     raw = tuple(
         tuple(
-            surrogates[symbol]
-            if symbol in surrogates
-            else real_abs_powers(cheapest_form(_differentiate(_sigmoid_complements(out.expr), symbol)))
+            surrogates[symbol] if symbol in surrogates else real_abs_powers(cheapest_form(_differentiate(expr, symbol)))
             for symbol in parsed.inputs
         )
-        for out in parsed.outputs
+        for expr in complemented
     )
     stable = [tuple(stabilize(g) for g in row) for row in raw]
     _refuse_interval_values(parsed, stable)
@@ -163,17 +162,22 @@ def _sigmoid_complements(expr: sympy.Expr) -> sympy.Expr:
     (found by an accuracy hunt).
     """
 
-    def complement(node: sympy.Expr) -> sympy.Expr:
-        constant, rest = node.as_coeff_Add()
-        if constant == 0:
+    def complement(node: sympy.Basic) -> sympy.Basic:
+        if isinstance(node, sympy.logic.boolalg.Boolean):
+            return node  # (conditions stay as written: forward takes its branches by them)
+        args = tuple(map(complement, node.args))
+        if args != node.args:
+            node = node.func(*args)
+        if not node.is_Add:
             return node
-        for term in sympy.Add.make_args(rest):
+        constant, rest = node.as_coeff_Add()
+        for term in sympy.Add.make_args(rest) if constant != 0 else ():
             coeff, f = term.as_coeff_Mul()
-            if isinstance(f, sigmoid) and coeff == -constant:
+            if isinstance(f, sigmoid) and (coeff + constant).is_zero:  # (is_zero: 1.0 too)
                 return rest - term + constant * sigmoid(-f.args[0])
         return node
 
-    return expr.replace(lambda node: node.is_Add, complement)
+    return complement(expr)
 
 
 def _refuse_interval_values(parsed: Parsed, gradients: list[tuple[sympy.Expr, ...]]) -> None:

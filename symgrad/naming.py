@@ -7,7 +7,6 @@ Those are renamed internally, never rejected.
 
 from __future__ import annotations
 
-import builtins
 import keyword
 import re
 
@@ -34,11 +33,30 @@ RESERVED = frozenset(
 
 _CLASS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
-# The functional alias is a module-level name, so it must not shadow what the module's own
-# code calls: its imports, and Python's builtins (the float16 helpers call any, isinstance,
-# tuple and len; a fused module, set). `--name Any` wrote a module whose every call raised
-# (found by a user-level hunt).
-_SHADOWED = frozenset(n for n in dir(builtins) if not n.startswith("_")) | {"torch", "inspect"}
+# The class and its functional alias are module-level names, so neither may shadow a global
+# the module's own code reads: its imports, and the builtins its bodies and helpers call
+# (`--name Any` wrote a module whose every call raised: the float16 helpers call any();
+# found by a user-level hunt). A fixed list, not dir(builtins): `Max`, `Abs` and `Sum` work,
+# and what is refused must not depend on how Python was started.
+# tests/test_cli.py::test_shadowed_names_cover_what_generated_modules_read keeps it in step.
+SHADOWED = frozenset(
+    {
+        "torch",
+        "inspect",
+        "any",
+        "bool",
+        "float",
+        "getattr",
+        "isinstance",
+        "len",
+        "set",
+        "staticmethod",
+        "tuple",
+        "Exception",
+        "NotImplementedError",
+        "RuntimeError",
+    }
+)
 
 
 def snake_case(name: str) -> str:
@@ -59,6 +77,7 @@ def check_class_name(name: str) -> str:
             f"--name {name!r} is not a valid class name: use a CamelCase Python identifier, e.g. SqrtInverse"
         )
     alias = snake_case(name)
+    _refuse_shadowing(name, name, "class")
     if alias == name:
         raise SymgradError(
             f"--name {name!r} must contain an upper-case letter, so that the functional alias"
@@ -66,13 +85,18 @@ def check_class_name(name: str) -> str:
         )
     if keyword.iskeyword(alias) or alias == "__init__":
         raise SymgradError(f"--name {name!r} gives the module name {alias!r}, which Python cannot import")
-    if alias in _SHADOWED:
-        what = "the module's import" if alias in ("torch", "inspect") else "Python's builtin"
-        raise SymgradError(
-            f"--name {name!r} gives the functional alias {alias!r}, which would shadow {what} {alias!r}:"
-            " choose another name"
-        )
+    _refuse_shadowing(name, alias, "functional alias")
     return alias
+
+
+def _refuse_shadowing(name: str, defined: str, what: str) -> None:
+    """Refuse ``--name name`` if the module-level ``defined`` (the class or its alias) is in
+    SHADOWED."""
+    if defined not in SHADOWED:
+        return
+    shadowed = "the module's import" if defined in ("torch", "inspect") else "Python's builtin"
+    which = "" if defined == name else f" gives the {what} {defined!r}, which"
+    raise SymgradError(f"--name {name!r}{which} would shadow {shadowed} {defined!r} in the module: choose another name")
 
 
 class Namer:

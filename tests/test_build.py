@@ -194,6 +194,7 @@ def test_build_with_templates(cli, project):
 BAD_CONFIGS = [
     (None, "pyproject.toml: no such file"),
     ("[project]\nname = 'demo'\n", "no [tool.symgrad] table"),
+    ("tool = 1\n", "no [tool.symgrad] table"),
     ("[tool.symgrad\n", "invalid TOML"),
     ("[tool.symgrad]\nout = 'ops'\n", "declares no [[tool.symgrad.functions]]"),
     ("[tool.symgrad]\nfunctions = 3\n", "declare functions as [[tool.symgrad.functions]] tables"),
@@ -230,6 +231,21 @@ def test_bad_config_writes_nothing(cli, tmp_path, config, fragment):
     assert len(err.splitlines()) == 1 and err.startswith("symgrad: error: ") and fragment in err, err
     assert err.count("pyproject.toml") <= 1, err  # (the location once: it was twice, a user hunt)
     assert snapshot(tmp_path) == before
+
+
+def test_build_refuses_a_module_written_for_another_name(cli, tmp_path):
+    assert cli("sin(x)", "--name", "Foo_Bar")[0] == 0  # generated/foo_bar.py, by the CLI
+    (tmp_path / "pyproject.toml").write_text("[[tool.symgrad.functions]]\nname = 'FooBar'\nexpr = 'exp(x)'\n")
+    before = snapshot(tmp_path)
+    assert cli("build") == (
+        1,
+        "refused generated/foo_bar.py: it holds Foo_Bar, another function with the same module name"
+        " (use --force to replace it)\n",
+        "",
+    )
+    assert snapshot(tmp_path) == before
+    assert cli("build", "--force") == (0, "updated generated/foo_bar.py\n", "")
+    assert read_spec((tmp_path / "generated" / "foo_bar.py").read_text()).name == "FooBar"
 
 
 def test_config_that_is_not_utf8_is_refused(cli, tmp_path):

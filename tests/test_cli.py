@@ -155,10 +155,11 @@ ERROR_CASES = [
     (["x", "--name", "class"], "not a valid class name"),
     (["x", "--name", "square"], "upper-case letter"),
     (["x", "--name", "Import"], "cannot import"),
-    (["x", "--name", "Any"], "would shadow Python's builtin 'any'"),
+    (["x", "--name", "Any"], "gives the functional alias 'any', which would shadow Python's builtin 'any'"),
     (["x", "--name", "Isinstance"], "would shadow Python's builtin 'isinstance'"),
     (["x", "--name", "Torch"], "would shadow the module's import 'torch'"),
     (["x", "--name", "Inspect"], "would shadow the module's import 'inspect'"),
+    (["x", "--name", "RuntimeError", "--inplace"], "'RuntimeError' would shadow Python's builtin 'RuntimeError'"),
     (["x**2", "--name", "Sq", "--domain", "x=1"], "NAME=LOW:HIGH"),
     (["x**2", "--name", "Sq", "--domain", "x=3:1"], "LOW < HIGH"),
     (["x**2", "--name", "Sq", "--domain", "z=0:1"], "not an input or param"),
@@ -195,6 +196,24 @@ def test_error_path(tmp_path, args, fragment):
         assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_shadowed_names_cover_what_generated_modules_read(tmp_path):
+    """naming.SHADOWED lists every global a generated module reads that a class or alias could
+    shadow: the builtins and imports that generated/ (every mode) reads."""
+    import ast
+    import builtins
+
+    from symgrad.naming import SHADOWED
+
+    read = set()
+    for path in (Path(__file__).parent.parent / "generated").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in dir(builtins):
+                read.add(node.id)
+    assert read and read | {"torch", "inspect"} == SHADOWED
+    for name in ("Max", "Abs", "Sum", "Round"):  # (builtins no module reads: those names work)
+        assert run("x", "--name", name, "--stdout", cwd=tmp_path).returncode == 0
 
 
 def test_syntax_error_caret_column(tmp_path):

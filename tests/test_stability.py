@@ -982,6 +982,41 @@ def test_fused_bce_with_logits_matches_exact_math(save, gen_dir, device):
     _assert_matches_exact_math(case, load(case, gen_dir, save, fuse=True), torch.float32, device, " fused")
 
 
+def test_sigmoid_complements_before_differentiating():
+    """derive._sigmoid_complements: c - c*sigmoid(u) as c*sigmoid(-u) for any number c (a Float
+    too: 1.0 == 1 is False in SymPy, and review found the 1.0 form still nan), not in
+    conditions (forward takes its branches by them as written), not for a symbol c."""
+    from symgrad.derive import _sigmoid_complements
+    from symgrad.stable_functions import sigmoid
+
+    x, y, t = sympy.symbols("x y t", real=True)
+    for written, complemented in [
+        (1 - sigmoid(x), sigmoid(-x)),
+        (sympy.Float(2.0) - 2 * sigmoid(x), sympy.Float(2.0) * sigmoid(-x)),
+        (sympy.Rational(1, 2) - sigmoid(x) / 2, sigmoid(-x) / 2),
+        (3 * sigmoid(x) - 3, -3 * sigmoid(-x)),
+        (sympy.log(1 - sigmoid(1 - sigmoid(x))), sympy.log(sigmoid(-sigmoid(-x)))),
+        (t - t * sigmoid(x), t - t * sigmoid(x)),
+        (
+            sympy.Piecewise((1 - sigmoid(x), 1 + y - sigmoid(x) > 0), (0, True)),
+            sympy.Piecewise((sigmoid(-x), 1 + y - sigmoid(x) > 0), (0, True)),
+        ),
+    ]:
+        assert _sigmoid_complements(written) == complemented, written
+
+
+@pytest.mark.parametrize("one", ["1", "1.0"])
+def test_focal_loss_gradient_is_finite_where_sigmoid_rounds_to_one(one, device):
+    text = f"-z*log(sigmoid(x))*({one}-sigmoid(x))**2 - ({one}-z)*log({one}-sigmoid(x))*sigmoid(x)**2"
+    function = _exec_module(generate_source(text, "Focal", inputs=["x", "z"]), "focal")["focal"]
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor([89.0, 100.0, 800.0, 1e4], dtype=dtype, device=device, requires_grad=True)
+        z = torch.full_like(x, 0.3).requires_grad_()
+        grad_x, grad_z = torch.autograd.grad(function(x, z).sum(), (x, z))
+        torch.testing.assert_close(grad_x, torch.full_like(x, 0.7))  # 1 - z
+        torch.testing.assert_close(grad_z, -x.detach())  # -softplus(x)*sigmoid(x)**2
+
+
 def test_piecewise_double_backward_is_finite_where_branch_is_not_taken(gen_dir, device):
     module = load(next(c for c in CASES if c.name == "piecewise_sqrt"), gen_dir)
     x = torch.tensor([-4.0, -1e-8, 0.0, 1e-8, 4.0], dtype=torch.float64, device=device, requires_grad=True)
