@@ -1133,6 +1133,11 @@ class _Builder:
             text = f"({text}).expand({self.ctx_ref(self.shape_attr(output))})"
         return text
 
+    def grad_only_params(self) -> bool:
+        """Whether a param appears only in a ``--grad`` surrogate, not in the outputs."""
+        used = set().union(*(expr.free_symbols for expr in self.d.forward))
+        return any(p not in used for p in self.params)
+
     def single_tangent(self) -> bool:
         """Whether jvp gets exactly one tangent, which is never None."""
         return len(self.inputs) == 1 and not self.params
@@ -1208,7 +1213,13 @@ class _Builder:
                 dtype = self.ctx_ref(f"{result}_dtype")
                 lines.append(f"{INDENT}{tangent} = torch.zeros((), dtype={dtype}, device={self.reference}.device)")
                 # The engine does not broadcast tangents: each must have its output's shape.
-                value = f"{tangent}.expand({self.ctx_ref(self.shape_attr(i))})"
+                shape = self.ctx_ref(self.shape_attr(i))
+                value = f"{tangent}.expand({shape})"
+                if self.grad_only_params():
+                    # A param only a surrogate gradient reads may broadcast beyond the output
+                    # (lam of shape (3, 1) for x of shape (2,)): reduced as backward reduces its
+                    # gradient, where expand raised (found by a user-level hunt).
+                    value = f"{tangent}.expand(torch.broadcast_shapes({tangent}.shape, {shape})).sum_to_size({shape})"
                 lines.append(f"{tangent} = {value}.{out.reduction}()" if out.reduction is not None else f"{tangent} = {value}")
             returns.append(tangent)
         return Method(("ctx",) + self.names.tangents, tuple(lines), ", ".join(returns))

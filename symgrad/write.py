@@ -199,7 +199,7 @@ def atomic_write(path: Path, text: str) -> None:
     (``KeyboardInterrupt``) propagates after the temporary file is removed.
     """
     target = Path(os.path.realpath(path))
-    shown = path if target == Path(os.path.abspath(path)) else f"{path} (a link to {target})"
+    shown = f"{path} (a link to {target})" if os.path.islink(path) else path
     try:
         mode = stat.S_IMODE(target.stat().st_mode)
     except OSError:

@@ -316,6 +316,24 @@ def test_a_param_may_appear_in_a_surrogate_gradient_alone(tmp_path):
         torch.testing.assert_close(grad, -torch.as_tensor(lam) * torch.tensor([1.0, 3.0]))
 
 
+def test_a_surrogate_param_broadcasting_beyond_the_output_reduces_in_both_modes(tmp_path):
+    """A param only --grad reads, of more dimensions than the output: jvp raised torch's
+    "expand" error, where backward sums the surrogate over the extra dimensions (a user-level
+    hunt). Now forward mode reduces the same way, so jacfwd equals jacrev."""
+    import torch
+    from test_fuzz import import_source
+
+    from symgrad import generate_source
+
+    source = generate_source("floor(x)", "Bumped", params=["lam"], grads={"x": "lam*exp(-lam*x**2)"})
+    bumped = import_source(source, tmp_path).bumped
+    x = torch.tensor([0.5, 1.0], dtype=torch.float64)
+    lam = torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
+    summed = (lam * torch.exp(-lam * x**2)).sum(0)
+    torch.testing.assert_close(torch.func.jacrev(bumped)(x, lam), torch.diag(summed))
+    torch.testing.assert_close(torch.func.jacfwd(bumped)(x, lam), torch.diag(summed))
+
+
 def test_inputs_default_to_sorted_free_symbols_minus_params():
     parsed = parse_spec(Spec(expr="z*a + y*x", name="F", params=("a",)))
     assert [s.name for s in parsed.inputs] == ["x", "y", "z"]
