@@ -238,9 +238,16 @@ def _with_helpers(plan: Plan) -> Plan:
         second = plan.second_derivative
         methods += [second.forward, second.setup_context, second.backward, second.jvp]
     code = "\n".join(line for m in methods if m is not None for line in (*m.lines, m.returns))
+    called: set[str] = set()
+    while True:  # (and the helpers those call: _float32_for_half calls _half_of)
+        found = {name for name in HELPERS if re.search(rf"\b{name}\(", code)} - called
+        if not found:
+            break
+        called |= found
+        code = "\n".join(line for name in sorted(found) for line in HELPERS[name])
     helpers: list[str] = []
     for name, source in sorted(HELPERS.items()):
-        if re.search(rf"\b{name}\(", code):
+        if name in called:
             helpers += [*source, "", ""]
     fused = plan.fused and dataclasses.replace(plan.fused, helpers=tuple(helpers))
     return dataclasses.replace(plan, helpers=tuple(helpers), fused=fused)
@@ -491,24 +498,29 @@ class _Builder:
         if plan.second_derivative:
             tensors |= set(plan.second_derivative.backward.params[1:])  # (its cotangents)
 
-        def in_float32(method: Method | None, gradients: bool = False) -> Method | None:
+        by_values, by_tangents = self.output_dtype_deciders()
+
+        def in_float32(method: Method | None, gradients: bool = False, deciders=None) -> Method | None:
             if method is None or _kernels(method) <= 1:
                 return method  # (a fused module's methods call its bodies: one operation)
             if gradients:
                 return _in_float32_backward(method, half, tensors)
-            return _in_float32(method, half, tensors, rounded)
+            return _in_float32(method, half, tensors, rounded, deciders)
 
         changes: dict[str, object] = {
-            "forward": in_float32(plan.forward),
-            "compiled_forward": in_float32(plan.compiled_forward),
-            "value": in_float32(plan.value),
+            "forward": in_float32(plan.forward, deciders=by_values),
+            "compiled_forward": in_float32(plan.compiled_forward, deciders=by_values),
+            "value": in_float32(plan.value, deciders=by_values),
             "backward": in_float32(plan.backward, gradients=True),
-            "jvp": in_float32(plan.jvp),
+            "jvp": in_float32(plan.jvp, deciders=by_tangents),
         }
         if plan.fused:
             fused = plan.fused
             changes["fused"] = dataclasses.replace(
-                fused, forward=in_float32(fused.forward), backward=in_float32(fused.backward, gradients=True), jvp=in_float32(fused.jvp)
+                fused,
+                forward=in_float32(fused.forward, deciders=by_values),
+                backward=in_float32(fused.backward, gradients=True),
+                jvp=in_float32(fused.jvp, deciders=by_tangents),
             )
         if plan.second_derivative:
             second = plan.second_derivative
@@ -519,6 +531,34 @@ class _Builder:
                 jvp=in_float32(second.jvp),
             )
         return dataclasses.replace(plan, **changes)
+
+    def output_dtype_deciders(self) -> tuple[list | None, list | None]:
+        """For a module of several outputs, per user output: the name rounding it back to
+        float16 (_Decider), decided by the tensors it depends on (in forward, the inputs and
+        params; in jvp, their tangents and the params), or None where those are all of them
+        and the body's own decision serves. (None, None) where every output is such.
+
+        One decision for all outputs rounded ``exp(y), x*y``'s ``exp(y)`` to float16 for a
+        float16 x and a 0-d float32 y, where torch gives float32 (found by a user-level hunt).
+        """
+        if self.n_user < 2:
+            return None, None
+        symbols = self.inputs + self.params
+        by_values: list[_Decider | None] = []
+        by_tangents: list[_Decider | None] = []
+        for k in range(self.n_user):
+            used = [s for s in symbols if s in self.d.forward[k].free_symbols]
+            if len(used) == len(symbols):
+                by_values.append(None)
+                by_tangents.append(None)
+                continue
+            name = self.names.namer.claim(f"{self.name(self.names.results[k])}_half")
+            by_values.append(_Decider(name, tuple(self.name(s) for s in used)))
+            tangents = [self.names.tangents[self.inputs.index(s)] if s in self.inputs else self.name(s) for s in used]
+            by_tangents.append(_Decider(name, tuple(tangents)))
+        if not any(by_values):
+            return None, None
+        return by_values, by_tangents
 
     @staticmethod
     def compiled_forward(out_of_place: Method | None, eager: Method) -> Method | None:
@@ -1585,36 +1625,58 @@ def _widening(method: Method, half: str, tensors: set[str]) -> tuple[str | None,
     return f"{', '.join(names)}, {half} = _float32_for_half({', '.join(names)})", start
 
 
-def _in_float32(method: Method, half: str, tensors: set[str], rounded: int | None) -> Method:
+@dataclass(frozen=True)
+class _Decider:
+    """Where an output is rounded back to float16 by the tensors it depends on: the line
+    ``name = _half_of(*tensors)`` (Builder.output_dtype_deciders)."""
+
+    name: str
+    tensors: tuple[str, ...]
+
+
+def _in_float32(
+    method: Method, half: str, tensors: set[str], rounded: int | None, deciders: Sequence[_Decider | None] | None = None
+) -> Method:
     """A forward or jvp computing in float32 what is float16 (Builder.half_in_float32):
     its tensors converted once they are unpacked, and the first ``rounded`` values it
-    returns (None: all) rounded back."""
+    returns (None: all) rounded back: each by its own decider where ``deciders`` gives one
+    whose tensors the body has (decided before they are converted), else by ``half``."""
     widen, start = _widening(method, half, tensors)
     if widen is None:
         return method
     lines = list(method.lines)
-    lines.insert(start, widen)
-    lines = [_rounded_return(line, half, rounded) for line in lines]
-    return Method(method.params, tuple(lines), _rounded(method.returns, half, rounded))
+    in_scope = set(method.params) | set(_unpacked(method.lines)[0])
+    halves = [
+        d.name if d is not None and set(d.tensors) <= in_scope else half for d in (deciders or ())
+    ]
+    decisions = [f"{d.name} = _half_of({', '.join(d.tensors)})" for d, h in zip(deciders or (), halves) if d and h == d.name]
+    lines[start:start] = [*decisions, widen]
+    lines = [_rounded_return(line, half, rounded, halves) for line in lines]
+    return Method(method.params, tuple(lines), _rounded(method.returns, half, rounded, halves))
 
 
-def _rounded(returns: str, half: str, rounded: int | None = None) -> str:
+def _rounded(returns: str, half: str, rounded: int | None = None, halves: Sequence[str] = ()) -> str:
     """What a body returns (one value, or a tuple), its first ``rounded`` values (None:
-    all) rounded back to ``half``."""
+    all) rounded back to ``half``, or each to its own entry of ``halves`` where they differ."""
     tree = ast.parse(returns, mode="eval").body
     values = [ast.get_source_segment(returns, v) for v in tree.elts] if isinstance(tree, ast.Tuple) else [returns]
-    if rounded is None or rounded >= len(values):
+    count = len(values) if rounded is None else min(rounded, len(values))
+    if any(h != half for h in halves[:count]):
+        each = [f"_round_to({halves[k] if k < len(halves) else half}, {v})" for k, v in enumerate(values[:count])]
+        return ", ".join([*each, *values[count:]])
+    if count == len(values):
         return f"_round_to({half}, {', '.join(values)})"
-    call = f"_round_to({half}, {', '.join(values[:rounded])})"
-    return ", ".join([call if rounded == 1 else f"*{call}", *values[rounded:]])
+    call = f"_round_to({half}, {', '.join(values[:count])})"
+    return ", ".join([call if count == 1 else f"*{call}", *values[count:]])
 
 
-def _rounded_return(line: str, half: str, rounded: int | None) -> str:
-    """A ``return`` line of a body that rounds what it returns back to ``half``."""
+def _rounded_return(line: str, half: str, rounded: int | None, halves: Sequence[str] = ()) -> str:
+    """A ``return`` line of a body that rounds what it returns back to ``half`` (or
+    ``halves``, as _rounded)."""
     indent, text = line[: len(line) - len(line.lstrip())], line.lstrip()
     if not text.startswith("return "):
         return line
-    return f"{indent}return {_rounded(text[len('return '):], half, rounded)}"
+    return f"{indent}return {_rounded(text[len('return '):], half, rounded, halves)}"
 
 
 def _in_float32_backward(method: Method, half: str, tensors: set[str]) -> Method:

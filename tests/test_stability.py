@@ -918,6 +918,27 @@ def test_float16_next_to_a_float32_scalar_still_computes_in_float32(gen_dir, dev
     torch.testing.assert_close(grad_y.double(), (want / 216).sum(), rtol=RTOL[torch.float16], atol=subnormal_step)
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["eager", "fused"])
+@pytest.mark.parametrize("save", ["memory", "speed"])
+def test_each_output_takes_the_dtype_of_what_it_depends_on(save, fuse, device):
+    """Several outputs, float16 x with dimensions and a 0-d float32 y: ``exp(y)`` is float32,
+    as torch gives it, and ``x*y`` float16 (one decision for all rounded exp(y) to float16, a
+    user hunt); forward-mode tangents likewise."""
+    source = generate_source("exp(y)/(1 + y**2), x*y", "Mixed", inputs=["x", "y"], save=save, fuse=fuse)
+    mixed = _exec_module(source, "mixed")["mixed"]
+    x = torch.tensor([0.5, 3.0], dtype=torch.float16, device=device)
+    for y in (torch.tensor(3.3, device=device), torch.tensor(3.3, dtype=torch.float16, device=device)):
+        want = (torch.exp(y) / (1 + y**2), x * y)
+        got = mixed(x, y)
+        assert [t.dtype for t in got] == [t.dtype for t in want]
+        torch.testing.assert_close(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
+        with torch.autograd.forward_ad.dual_level():
+            duals = (torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)), torch.autograd.forward_ad.make_dual(y, torch.ones_like(y)))
+            tangents = [torch.autograd.forward_ad.unpack_dual(t).tangent for t in mixed(*duals)]
+        assert [t.dtype for t in tangents] == [t.dtype for t in want]
+
+
 @pytest.mark.parametrize("upstream", [1.0, 0.01])
 @pytest.mark.parametrize("case", FIRST_ORDER_KERNEL_CASES, ids=[c.name for c in FIRST_ORDER_KERNEL_CASES])
 def test_float16_first_order_gradient_is_the_float32_one_rounded_once(case, upstream, gen_dir, device):
