@@ -43,6 +43,7 @@ SHADOWED = frozenset(
     {
         "torch",
         "inspect",
+        "all",
         "any",
         "bool",
         "float",

@@ -535,8 +535,8 @@ class _Builder:
     def output_dtype_deciders(self) -> tuple[list | None, list | None]:
         """For a module of several outputs, per user output: the name rounding it back to
         float16 (_Decider), decided by the tensors it depends on (in forward, the inputs and
-        params; in jvp, their tangents and the params), or None where those are all of them
-        and the body's own decision serves. (None, None) where every output is such.
+        params; in jvp, their tangents), or None where those are all of them and the body's
+        own decision serves. (None, None) where every output is such.
 
         One decision for all outputs rounded ``exp(y), x*y``'s ``exp(y)`` to float16 for a
         float16 x and a 0-d float32 y, where torch gives float32 (found by a user-level hunt).
@@ -554,8 +554,9 @@ class _Builder:
                 continue
             name = self.names.namer.claim(f"{self.name(self.names.results[k])}_half")
             by_values.append(_Decider(name, tuple(self.name(s) for s in used)))
-            tangents = [self.names.tangents[self.inputs.index(s)] if s in self.inputs else self.name(s) for s in used]
-            by_tangents.append(_Decider(name, tuple(tangents)))
+            # (Each param's tangent too: the parameter jvp always has, None for a number,
+            # where the param itself may not be saved; found in review.)
+            by_tangents.append(_Decider(name, tuple(self.names.tangents[symbols.index(s)] for s in used)))
         if not any(by_values):
             return None, None
         return by_values, by_tangents
@@ -1173,10 +1174,10 @@ class _Builder:
             text = f"({text}).expand({self.ctx_ref(self.shape_attr(output))})"
         return text
 
-    def grad_only_params(self) -> bool:
-        """Whether a param appears only in a ``--grad`` surrogate, not in the outputs."""
+    def grad_only_params(self) -> set[sympy.Symbol]:
+        """The params that appear only in a ``--grad`` surrogate, not in the outputs."""
         used = set().union(*(expr.free_symbols for expr in self.d.forward))
-        return any(p not in used for p in self.params)
+        return {p for p in self.params if p not in used}
 
     def single_tangent(self) -> bool:
         """Whether jvp gets exactly one tangent, which is never None."""
@@ -1236,8 +1237,9 @@ class _Builder:
             if not self.live[i]:
                 returns.append("None")
                 continue
+            surrogate_only = self.grad_only_params()
             terms = [
-                (j, self.jvp_term(j, expr))
+                (j, self.jvp_term(j, expr, self.shape_attr(i) if expr.free_symbols & surrogate_only else None))
                 for (ii, j), expr in zip(entries, reduced)
                 if ii == i
             ]
@@ -1253,22 +1255,21 @@ class _Builder:
                 dtype = self.ctx_ref(f"{result}_dtype")
                 lines.append(f"{INDENT}{tangent} = torch.zeros((), dtype={dtype}, device={self.reference}.device)")
                 # The engine does not broadcast tangents: each must have its output's shape.
-                shape = self.ctx_ref(self.shape_attr(i))
-                value = f"{tangent}.expand({shape})"
-                if self.grad_only_params():
-                    # A param only a surrogate gradient reads may broadcast beyond the output
-                    # (lam of shape (3, 1) for x of shape (2,)): reduced as backward reduces its
-                    # gradient, where expand raised (found by a user-level hunt).
-                    value = f"{tangent}.expand(torch.broadcast_shapes({tangent}.shape, {shape})).sum_to_size({shape})"
+                value = f"{tangent}.expand({self.ctx_ref(self.shape_attr(i))})"
                 lines.append(f"{tangent} = {value}.{out.reduction}()" if out.reduction is not None else f"{tangent} = {value}")
             returns.append(tangent)
         return Method(("ctx",) + self.names.tangents, tuple(lines), ", ".join(returns))
 
-    def jvp_term(self, j: int, expr: sympy.Expr) -> str:
+    def jvp_term(self, j: int, expr: sympy.Expr, reduce_to: str | None = None) -> str:
+        """Input ``j``'s tangent times ``expr``; with ``reduce_to`` (the ctx attribute of the
+        output's shape), summed over the dimensions it has beyond it: a surrogate gradient
+        that reads a param the output does not may broadcast beyond the output (lam of shape
+        (3, 1) for x of shape (2,)), and backward sums it so. (jvp's expand raised there;
+        found by a user-level hunt. Each such term alone: summed after the others were added,
+        they were counted once per extra row; found in review.)"""
         tangent = self.names.tangents[j]
-        if _is_one(expr):
-            return tangent
-        return f"{tangent} * {_factor(self.code(expr))}"
+        term = tangent if _is_one(expr) else f"{tangent} * {_factor(self.code(expr))}"
+        return f"_reduced_to({term}, {self.ctx_ref(reduce_to)})" if reduce_to else term
 
     # -- documentation ----------------------------------------------------------------
     def docstring(self, saved: list[sympy.Symbol]) -> str:
@@ -1650,6 +1651,12 @@ def _in_float32(
         d.name if d is not None and set(d.tensors) <= in_scope else half for d in (deciders or ())
     ]
     decisions = [f"{d.name} = _half_of({', '.join(d.tensors)})" for d, h in zip(deciders or (), halves) if d and h == d.name]
+    if decisions:
+        # (float16 tensors are converted where any output is float16, not only where the
+        # result of all of them is: y**2/(1 + y**2) beside x*y was computed in float16 for a
+        # float32 x, inf/inf = nan at y = 300; found in review)
+        own = ", ".join(line.split(" = ")[0] for line in decisions)
+        widen = f"{widen[:-1]}, also=({own},))"
     lines[start:start] = [*decisions, widen]
     lines = [_rounded_return(line, half, rounded, halves) for line in lines]
     return Method(method.params, tuple(lines), _rounded(method.returns, half, rounded, halves))

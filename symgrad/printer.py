@@ -167,7 +167,7 @@ HELPERS: dict[str, tuple[str, ...]] = {
     # Every body of more than one operation computes float16 in float32
     # (plan._Builder.half_in_float32).
     "_float32_for_half": (
-        "def _float32_for_half(*values):",
+        "def _float32_for_half(*values, also=()):",
         '    """``values``, with float16 tensors as float32, then the dtype to round results back',
         "    to: torch.float16 where the result is float16, else None (and nothing is converted).",
         "",
@@ -176,14 +176,16 @@ HELPERS: dict[str, tuple[str, ...]] = {
         "    (above 65504) long before its value does: 216*x/(x**2 + 6)**3 was 0 at x = 10,",
         "    where it is 1.8e-3. (bfloat16 has float32's range, and runs as written.)",
         "",
-        "    The result is float16 as _half_of decides.",
+        "    The result is float16 as _half_of decides. ``also``: the decisions of outputs that",
+        "    depend on fewer of ``values``; where one is float16, float16 tensors are converted too.",
         '    """',
         "    if not any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in values):",
         "        return (*values, None)  # (the common case, first: float32 pays 0.5 us here)",
-        "    if _half_of(*values) is None:",
+        "    half = _half_of(*values)",
+        "    if half is None and torch.float16 not in also:",
         "        return (*values, None)",
         "    widened = (v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v for v in values)",
-        "    return (*widened, torch.float16)",
+        "    return (*widened, half)",
     ),
     "_half_of": (
         "def _half_of(*values):",
@@ -244,6 +246,11 @@ HELPERS: dict[str, tuple[str, ...]] = {
         '                f"{name} shares memory with the input this in-place function overwrote, and a gradient"',
         '                f" reads {name}: pass a copy ({name}.clone())"',
         "            )",
+    ),
+    "_reduced_to": (
+        "def _reduced_to(tangent, shape):",
+        '    """``tangent`` summed over the dimensions it has beyond ``shape`` (plan.Builder.jvp_term)."""',
+        "    return tangent.expand(torch.broadcast_shapes(tangent.shape, shape)).sum_to_size(shape)",
     ),
     "_round_to": (
         "def _round_to(half, *values):",

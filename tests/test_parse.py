@@ -332,6 +332,14 @@ def test_a_surrogate_param_broadcasting_beyond_the_output_reduces_in_both_modes(
     summed = (lam * torch.exp(-lam * x**2)).sum(0)
     torch.testing.assert_close(torch.func.jacrev(bumped)(x, lam), torch.diag(summed))
     torch.testing.assert_close(torch.func.jacfwd(bumped)(x, lam), torch.diag(summed))
+    # With a second input, only the surrogate's own term is summed (review: summed after the
+    # terms were added, y's tangent was counted once per row of lam)
+    source = generate_source("floor(x)*y", "Scaled", inputs=["x", "y"], params=["lam"], grads={"x": "lam*y"})
+    scaled = import_source(source, tmp_path).scaled
+    y = torch.tensor([2.0, 3.0], dtype=torch.float64)
+    for argnums, want in ((0, torch.diag(lam.sum() * y)), (1, torch.diag(torch.floor(x)))):
+        torch.testing.assert_close(torch.func.jacrev(scaled, argnums)(x, y, lam), want)
+        torch.testing.assert_close(torch.func.jacfwd(scaled, argnums)(x, y, lam), want)
 
 
 def test_inputs_default_to_sorted_free_symbols_minus_params():

@@ -937,6 +937,13 @@ def test_each_output_takes_the_dtype_of_what_it_depends_on(save, fuse, device):
             duals = (torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)), torch.autograd.forward_ad.make_dual(y, torch.ones_like(y)))
             tangents = [torch.autograd.forward_ad.unpack_dual(t).tangent for t in mixed(*duals)]
         assert [t.dtype for t in tangents] == [t.dtype for t in want]
+    # A float16 output beside a float32 one still computes in float32 and rounds once (it ran
+    # in float16 steps: y**2 overflows at 300, and the ratio was nan; found in review)
+    ratio = _exec_module(generate_source("y**2/(1 + y**2), x*y", "Ratio", inputs=["x", "y"], save=save, fuse=fuse), "ratio")
+    y = torch.tensor([300.0, 2.0], dtype=torch.float16, device=device)
+    first, second = ratio["ratio"](torch.tensor([0.5, 3.0], device=device), y)
+    assert (first.dtype, second.dtype) == (torch.float16, torch.float32)
+    torch.testing.assert_close(first, (y.double() ** 2 / (1 + y.double() ** 2)).half())
 
 
 @pytest.mark.parametrize("upstream", [1.0, 0.01])
