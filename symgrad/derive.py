@@ -18,7 +18,7 @@ from .kernels import whole_gradient_kernel
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .probe import FLOAT64_MAX, PROBE_FAILURES, moderate, probe_code, real_only, wrap_probe_calls
-from .stable import has_difference_of_squares, has_offset_quotient, real_abs_powers, stabilize
+from .stable import has_difference_of_squares, has_offset_quotient, real_abs_powers, same_number, stabilize
 from .stable_functions import TaylorPolynomial, expand_functions, hypot_plus, sigmoid, softplus, to_elementary
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
@@ -173,7 +173,7 @@ def _sigmoid_complements(expr: sympy.Expr) -> sympy.Expr:
         constant, rest = node.as_coeff_Add()
         for term in sympy.Add.make_args(rest) if constant != 0 else ():
             coeff, f = term.as_coeff_Mul()
-            if isinstance(f, sigmoid) and (coeff + constant).is_zero:  # (is_zero: 1.0 too)
+            if isinstance(f, sigmoid) and same_number(constant, -coeff):  # (1.0 too)
                 return rest - term + constant * sigmoid(-f.args[0])
         return node
 

@@ -1231,13 +1231,13 @@ class _Builder:
         single = self.single_tangent()
         if not single:
             self.term()  # (claimed before the tangents' names, which then stay as they were)
+        surrogate_only = self.grad_only_params()
         for i, out in enumerate(self.outputs):
             result = self.name(self.names.results[i])
             tangent = self.names.namer.claim(f"{result}_tangent")
             if not self.live[i]:
                 returns.append("None")
                 continue
-            surrogate_only = self.grad_only_params()
             terms = [
                 (j, self.jvp_term(j, expr, self.shape_attr(i) if expr.free_symbols & surrogate_only else None))
                 for (ii, j), expr in zip(entries, reduced)
@@ -1650,13 +1650,13 @@ def _in_float32(
     halves = [
         d.name if d is not None and set(d.tensors) <= in_scope else half for d in (deciders or ())
     ]
-    decisions = [f"{d.name} = _half_of({', '.join(d.tensors)})" for d, h in zip(deciders or (), halves) if d and h == d.name]
-    if decisions:
+    own = [d for d, h in zip(deciders or (), halves) if d and h == d.name]
+    decisions = [f"{d.name} = _half_of({', '.join(d.tensors)})" for d in own]
+    if own:
         # (float16 tensors are converted where any output is float16, not only where the
         # result of all of them is: y**2/(1 + y**2) beside x*y was computed in float16 for a
         # float32 x, inf/inf = nan at y = 300; found in review)
-        own = ", ".join(line.split(" = ")[0] for line in decisions)
-        widen = f"{widen[:-1]}, also=({own},))"
+        widen = f"{widen[:-1]}, also=({', '.join(d.name for d in own)},))"
     lines[start:start] = [*decisions, widen]
     lines = [_rounded_return(line, half, rounded, halves) for line in lines]
     return Method(method.params, tuple(lines), _rounded(method.returns, half, rounded, halves))

@@ -1040,7 +1040,7 @@ _SQRT2 = sympy.sqrt(2)
 _LOG2 = sympy.log(2)
 
 
-def _same_number(a: sympy.Expr, b: sympy.Expr) -> bool:
+def same_number(a: sympy.Expr, b: sympy.Expr) -> bool:
     """``a == b`` for numbers, a Float equal to a Rational included: SymPy's Float(0.5) is
     not S.Half, and ``sigmoid(x) - 0.5`` should meet the rule ``sigmoid(x) - 1/2`` does."""
     if a == b:
@@ -1080,41 +1080,41 @@ def _rule_add(node: sympy.Expr):
         rest = node - term
         if constant != 0:
             remainder = rest - constant
-            if isinstance(f, sympy.erf) and _same_number(constant, coeff):  # c*(1 + erf(u))
+            if isinstance(f, sympy.erf) and same_number(constant, coeff):  # c*(1 + erf(u))
                 return remainder + 2 * coeff * ndtr(_SQRT2 * f.args[0])
-            if isinstance(f, sympy.erf) and _same_number(constant, -coeff):  # c*(erf(u) - 1)
+            if isinstance(f, sympy.erf) and same_number(constant, -coeff):  # c*(erf(u) - 1)
                 return remainder - 2 * coeff * ndtr(-_SQRT2 * f.args[0])
-            if isinstance(f, sympy.erfc) and _same_number(constant, -2 * coeff):  # c*(erfc(u) - 2)
+            if isinstance(f, sympy.erfc) and same_number(constant, -2 * coeff):  # c*(erfc(u) - 2)
                 return remainder - 2 * coeff * ndtr(_SQRT2 * f.args[0])
-            if isinstance(f, ndtr) and _same_number(constant, -coeff):  # c*(ndtr(u) - 1)
+            if isinstance(f, ndtr) and same_number(constant, -coeff):  # c*(ndtr(u) - 1)
                 return remainder - coeff * ndtr(-f.args[0])
-            if isinstance(f, sympy.tanh) and _same_number(constant, coeff):  # c*(1 + tanh(u))
+            if isinstance(f, sympy.tanh) and same_number(constant, coeff):  # c*(1 + tanh(u))
                 return remainder + 2 * coeff * sigmoid(2 * f.args[0])
-            if isinstance(f, sympy.tanh) and _same_number(constant, -coeff):  # c*(1 - tanh(u))
+            if isinstance(f, sympy.tanh) and same_number(constant, -coeff):  # c*(1 - tanh(u))
                 return remainder + 2 * constant * sigmoid(-2 * f.args[0])
-            if isinstance(f, sigmoid) and _same_number(constant, -coeff):  # c*(1 - sigmoid(u))
+            if isinstance(f, sigmoid) and same_number(constant, -coeff):  # c*(1 - sigmoid(u))
                 return remainder + constant * sigmoid(-f.args[0])
-            if isinstance(f, sigmoid) and _same_number(constant, -coeff / 2):  # c*(1 - 2*sigmoid(u))
+            if isinstance(f, sigmoid) and same_number(constant, -coeff / 2):  # c*(1 - 2*sigmoid(u))
                 # (the sigmoid derivative's own derivative s*(1 - s)*(1 - 2*s) cancelled
                 # near 0; found by an accuracy hunt; sigmoid(x) - 0.5, 0 in float32 at x =
                 # 1e-8, by a fourth)
                 return remainder - constant * sympy.tanh(f.args[0] / 2)
-            if f.is_Pow and f.exp == -1 and isinstance(f.base, sigmoid) and _same_number(constant, -coeff):
+            if f.is_Pow and f.exp == -1 and isinstance(f.base, sigmoid) and same_number(constant, -coeff):
                 # c*(1/sigmoid(u) - 1): BCE's derivative by its target, log(1/sigmoid(x) - 1),
                 # was log(0) = -inf from x = 17 in float32 where it is -x (accuracy hunt)
                 return remainder + coeff * sympy.exp(-f.base.args[0])
-            if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and _same_number(constant, -coeff):
+            if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and same_number(constant, -coeff):
                 return remainder + constant * sympy.cosh(f.base.args[0]) ** -2
             if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and _near_cancellation(constant, coeff):
                 # c + k*tanh(u)**2 == (c + k) - k/cosh(u)**2 where c + k is small next to k:
                 # the log-determinant of SAC's tanh squashing, log(1 - tanh(x)**2 + 1e-6),
                 # was 3.4e-3 off in float32 from |x| = 10, where tanh(x)**2 rounds to 1
                 return remainder + (constant + coeff) - coeff * sympy.cosh(f.base.args[0]) ** -2
-            if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and _same_number(constant, -coeff):
+            if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and same_number(constant, -coeff):
                 # c*(1/tanh(u) - 1) == 2*c/expm1(2u): rounded to 0 in float32 from u = 9
                 # (coth's derivative written with exponentials; a fourth accuracy hunt)
                 return remainder + 2 * coeff / expm1(_expand(2 * f.base.args[0]))
-            if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and _same_number(constant, coeff):
+            if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and same_number(constant, coeff):
                 return remainder - 2 * coeff / expm1(_expand(-2 * f.base.args[0]))  # c*(1/tanh(u) + 1)
         if isinstance(f, softplus):
             u = f.args[0]
@@ -1351,7 +1351,7 @@ def _rule_power_minus_value(node: sympy.Expr):
             continue
         b, excess = difference
         p = _integer_if_whole(power.exp)
-        if not _same_number(k * b**p, -constant):
+        if not same_number(k * b**p, -constant):
             continue
         others = node - constant - term
         if p.is_Integer and 0 < p <= _QUOTIENT_MAX_DEGREE:
