@@ -19,7 +19,7 @@ from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .probe import FLOAT64_MAX, PROBE_FAILURES, moderate, probe_code, real_only, wrap_probe_calls
 from .stable import has_difference_of_squares, has_offset_quotient, real_abs_powers, same_number, stabilize
-from .stable_functions import TaylorPolynomial, expand_functions, hypot_plus, sigmoid, softplus, to_elementary
+from .stable_functions import TaylorPolynomial, expand_functions, hypot, hypot_plus, sigmoid, softplus, to_elementary
 
 # simplify() is only tried on expressions (or Add terms) at most this big: on larger
 # ones it can run for minutes (facts.md), and it rarely pays anyway.
@@ -333,6 +333,12 @@ def autograd_loses_second_derivatives(
         # 1), has x-derivative y*(r/h**2 + x*r/h**3), 5e-4 off at x = -50 in float32, while
         # its symbolic form y*r*hypot_plus(x, 1)/h**3 (stable._hypot_sum) is exact.
         return True
+    if _has_nested_hypot(_as_printed(formula)):
+        # hypot(hypot(x, y), c): autograd's chain rule multiplies the inner hypot's
+        # derivative x/hypot(x, y), 0/0 = nan at x = y = 0, by hypot(x, y)/H, and SymPy's
+        # derivative cancels the two, so the probe cannot see it: the Hessian of
+        # x/sqrt(x**2 + y**2 + 1e-8) was nan at the origin (found by an accuracy hunt).
+        return True
     if has_difference_of_squares(formula) or has_offset_quotient(formula):
         # (1 - x)*(1 + x) (stable._difference_of_squares): autograd's product rule computes
         # its derivative as (1 - x) - (1 + x), which cancels near 0, where the probes' points
@@ -348,6 +354,14 @@ def autograd_loses_second_derivatives(
         if not finite_where_the_math_is(autograd, _differentiate(raw, symbol).xreplace(fixed)):
             return True
     return False
+
+
+def _has_nested_hypot(expr: sympy.Expr) -> bool:
+    """Whether some hypot in ``expr`` has a hypot among its arguments."""
+    return any(
+        isinstance(node, hypot) and any(isinstance(arg, hypot) for arg in node.args)
+        for node in sympy.preorder_traversal(expr)
+    )
 
 
 def exact_second_derivatives(
