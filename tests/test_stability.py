@@ -522,6 +522,17 @@ CASES = [
         kernel=lambda x, t: F.binary_cross_entropy_with_logits(x, t, reduction="none"),
         points=tuple((x, t) for x in POINTS for t in (0.0, 0.25, 1.0)),
     ),
+    # The same as it is often written by hand, with soft labels: x - x*t cancelled where x > 0
+    # and t is near 1 (3.5% off at x = 20, t = 0.999999 in float32; a fifth accuracy hunt;
+    # stable._rule_large_part takes c*Max(u, 0) + k*u too).
+    Case(
+        "bce_logits_max",
+        "Max(x, 0) - x*t + log(1 + exp(-abs(x)))",
+        lambda x, t: x - x * t + mpmath.log(1 + mpmath.exp(-x)),
+        inputs=("x", "t"),
+        kernel=lambda x, t: F.binary_cross_entropy_with_logits(x, t, reduction="none"),
+        points=tuple((x, t) for x in POINTS for t in (0.0, 0.25, 0.999999, 1.0)),
+    ),
     # The binary focal loss (gamma = 2) on logits, both terms: differentiated as written, the
     # derivative of log(1 - sigmoid(x)) divided by 1 - sigmoid(x), and simplification
     # factored sigmoid(-x) out of the sum around it: the gradient by x was 0*inf = nan from
@@ -1053,6 +1064,29 @@ def test_piecewise_double_backward_is_finite_where_branch_is_not_taken(gen_dir, 
     assert torch.isfinite(g).all() and torch.isfinite(gg).all()
     assert g[:3].tolist() == [0.0, 0.0, 0.0] and gg[:3].tolist() == [0.0, 0.0, 0.0]
     assert gg[4].item() == pytest.approx(-0.25 * 4.0**-1.5)
+
+
+@pytest.mark.parametrize("save, fuse", [("memory", False), ("speed", False), ("memory", True)])
+def test_a_step_inside_a_branch_does_not_leave_it_unguarded(save, fuse, device):
+    # CELU with its scale as a param: the derivative of Min(0, u) holds Heaviside(-u), whose
+    # sign(a*expm1(x/a)) SymPy could not differentiate (it cannot tell the argument is real),
+    # so the branch's guard probe gave up and left exp(x/a) unguarded: the second derivative
+    # was inf*0 = nan from x = 88.7*a in float32, where it is 0 (a fifth accuracy hunt;
+    # stable._steps_as_constants).
+    source = generate_source("Max(0, x) + Min(0, a*(exp(x/a) - 1))", "CeluParam", params=["a"], save=save, fuse=fuse)
+    celu = _exec_module(source, "celu_param")["celu_param"]
+    for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-13)):
+        for a in (0.5, 1.0, 2.0):
+            points = [-20.0, -3.0, -1e-8, 1e-8, 3.0, 60.0, 88.7 * a, 100.0 * a, 1e4]
+            x = torch.tensor(points, dtype=dtype, device=device, requires_grad=True)
+            (g,) = torch.autograd.grad(celu(x, a).sum(), x, create_graph=True)
+            (gg,) = torch.autograd.grad(g.sum(), x)
+            with mpmath.workdps(DPS):
+                for k, p in enumerate(x.tolist()):
+                    want = mpmath.exp(mpmath.mpf(p) / a) / a if p < 0 else 0
+                    want1 = mpmath.exp(mpmath.mpf(p) / a) if p < 0 else 1
+                    assert abs(g[k].item() - want1) <= tol * abs(want1), (dtype, a, p, g[k].item())
+                    assert abs(gg[k].item() - want) <= tol * abs(want), (dtype, a, p, gg[k].item())
 
 
 def test_removable_singularity_second_derivative_at_zero(gen_dir, device):
