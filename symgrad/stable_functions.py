@@ -1006,28 +1006,42 @@ _ANALYTIC = (
 )
 
 
-def _analytic_candidate(expr: sympy.Expr, x: sympy.Symbol) -> bool:
-    """Only expressions built from functions analytic near 0 (apart from poles)."""
+def _analytic_candidate(expr: sympy.Expr, x: sympy.Symbol, center: sympy.Rational = sympy.Integer(0)) -> bool:
+    """Only expressions built from functions analytic near ``center`` (apart from poles)."""
     from sympy.codegen.cfunctions import expm1, log1p
 
     for node in sympy.preorder_traversal(expr):
         if node.is_Atom or node.is_Add or node.is_Mul:
             continue
         if node.is_Pow:
-            if not node.exp.is_Integer and node.base.has(x):
+            if not node.exp.is_Integer and node.base.has(x) and not _positive_at(node.base, x, center):
+                # (A root of a base that is positive at the center is analytic around it:
+                # (sqrt(1 + x) - 1)/x's gradient was 0 in float32 at |x| = 1e-8, where it is
+                # -1/8, and (1 + x)**(1/x) was 1 there, where it is e; an accuracy hunt.)
                 return False
             continue
         if isinstance(node, (softplus, sigmoid, ndtr, erfcx, log_ndtr, logaddexp, xlogy, expm1, log1p) + _ANALYTIC):
             continue
         if isinstance(node, Removable):
             continue
-        if isinstance(node, hypot) and any(a.is_number and a.is_nonzero for a in node.args):
+        if isinstance(node, (hypot, hypot_excess)) and any(a.is_number and a.is_nonzero for a in node.args):
             # sqrt(x**2 + b**2), b != 0: analytic near 0 (asinh(x)/x's gradient, (1/hypot(x, 1)
             # - asinh(x)/x)/x, was 0 in float32 below |x| = 1e-4, where it is -x/3; found by
             # an accuracy hunt)
             continue
         return False
     return True
+
+
+def _positive_at(base: sympy.Expr, x: sympy.Symbol, center: sympy.Rational) -> bool:
+    """Whether ``base``, in ``x`` only, is positive at ``x = center`` (numerically)."""
+    if base.free_symbols != {x}:
+        return False
+    try:
+        value = to_elementary(base).evalf(30, subs={x: center})
+    except (TypeError, ValueError, ArithmeticError, AttributeError):
+        return False
+    return bool(value.is_Number and value > 1e-20)
 
 
 def removable(expr: sympy.Expr, x: sympy.Symbol, center: sympy.Rational = sympy.Integer(0)):
@@ -1043,7 +1057,7 @@ def removable(expr: sympy.Expr, x: sympy.Symbol, center: sympy.Rational = sympy.
 
 
 def _make_removable(closed: sympy.Expr, key: str, center: sympy.Rational):
-    if closed.free_symbols != {_T} or not _analytic_candidate(closed, _T):
+    if closed.free_symbols != {_T} or not _analytic_candidate(closed, _T, center):
         return None
     try:
         unshifted = sympy.lambdify(_T, to_elementary(closed), modules="mpmath")

@@ -136,6 +136,24 @@ CASES = [
     # (accuracy hunt; stable._rule_factor_exp_sum factors it back into two sigmoids).
     Case("sigmoid_exp", "exp(x)/(1+exp(x))", lambda x: mpmath.exp(x) / (1 + mpmath.exp(x)), kernel=torch.sigmoid),
     Case("tanh", "tanh(x)", mpmath.tanh, kernel=torch.tanh),
+    # Removable singularities whose closed form has a root: the gradient of the first was 0 in
+    # float32 at |x| = 1e-8, where it is -1/8, and the second was 1 there, where it is e (a
+    # fifth accuracy hunt; stable_functions._analytic_candidate takes a root of a base
+    # positive at the center, which is analytic there).
+    Case(
+        "root_over_x",
+        "(sqrt(1 + x) - 1)/x",
+        lambda x: (mpmath.sqrt(1 + x) - 1) / x if x != 0 else mpmath.mpf(1) / 2,
+        where=lambda x: x > -1,
+        points=tuple((p,) for p in (0.0, 1e-30, -1e-30, 1e-8, -1e-8, 1e-3, -1e-3, 0.2, -0.2, 0.3, -0.5, -0.99, 3.0, 100.0, 1e4)),
+    ),
+    Case(
+        "compound_limit",
+        "(1 + x)**(1/x)",
+        lambda x: (1 + x) ** (1 / x) if x != 0 else mpmath.e,
+        where=lambda x: x > -1,
+        points=tuple((p,) for p in (0.0, 1e-30, -1e-30, 1e-8, -1e-8, 1e-3, -1e-3, 0.2, -0.2, 0.3, -0.5, -0.99, 3.0, 100.0, 1e4)),
+    ),
     # Mish's inner part: autograd's derivative of its gradient sigmoid(x)/cosh(softplus(x))**2
     # was inf*0 = nan from x = 89.5 in float32, where the probe took the exact value for 0 (it
     # cancels at 64 and 128 bits); a fifth accuracy hunt; derive._exact_value.
