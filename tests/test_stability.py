@@ -1304,6 +1304,18 @@ def test_removable_singularities_away_from_zero_are_found_at_dyadic_roots():
     assert centers(sympy.sin(3 * x - 1) / (3 * x - 1)) == []
 
 
+def test_a_root_of_a_base_not_finite_at_the_center_is_no_candidate():
+    """A base whose value at the center is nan, zoo or oo is not positive there: SymPy raises
+    on comparing nan, and tanh(log(x))**c's base at 0 stopped generation with a TypeError
+    (a fuzz campaign find, mean(atanh(tanh(log(x))**(log(0.5, 1/2))))'s, in CI)."""
+    x = X
+    assert not sf._positive_at(sympy.tanh(sympy.log(x)), x, sympy.Integer(0))
+    assert not sf._positive_at(1 / x, x, sympy.Integer(0))
+    assert not sf._positive_at(sympy.log(x), x, sympy.Integer(0))
+    assert sf._positive_at(1 + x, x, sympy.Integer(0))
+    assert not sf._analytic_candidate(sympy.tanh(sympy.log(x)) ** sympy.Rational(1, 3), x)
+
+
 @pytest.mark.parametrize("save, fuse", [("memory", False), ("speed", False), ("memory", True)])
 def test_removable_singularity_double_backward_far_from_zero(gen_dir, device, save, fuse):
     # The Taylor polynomial's powers (x**17 in the gradient) overflow where it is not taken:
