@@ -501,9 +501,120 @@ def _replace_each(expr: sympy.Expr, kind: type, rule) -> sympy.Expr:
 
 
 def _expm1_partners(expr: sympy.Expr) -> sympy.Expr:
-    """_expm1_partner on every product, after the bottom-up rules (which would factor the
-    distributed sum again)."""
-    return _replace_each(expr, sympy.Mul, _expm1_partner)
+    """_expm1_partner, _exp_into_sum, then _expm1_times_exp, on every product, after the
+    bottom-up rules (which would factor the distributed sums again, and take the Piecewise's
+    products apart)."""
+    for rule in (_expm1_partner, _exp_into_sum, _expm1_times_exp):
+        expr = _replace_each(expr, sympy.Mul, rule)
+    return expr
+
+
+def _exp_into_sum(node: sympy.Mul):
+    """``exp(u)*(a + b*exp(w) + ...)*r``, where u falls doubly exponentially (a term ``-c*exp(v)``,
+    c > 0, v sharing a symbol with w) -> ``a*exp(u)*r + b*exp(u + w)*r + ...``: where exp(u)
+    underflows to 0, exp(w) (or expm1(w)) may overflow, and the product is 0*inf = nan where
+    it is 0. The Gumbel density ``exp(-x - exp(-x))``'s second derivative, factored as
+    ``(expm1(-x)**2 - exp(-x))*exp(-x - exp(-x))``, was nan from x = -45 in float32 (a fifth
+    accuracy hunt). Each term's own exp then joins the exponent, and _expm1_times_exp takes
+    each expm1 term. (A sum of more than _FACTOR_MAX_TERMS terms, or with a quotient term,
+    is left as it is.)"""
+    for power in (f for f in node.args if isinstance(f, sympy.exp)):
+        falling = _falling_exponentials(power.args[0])
+        if not falling:
+            continue
+        for total in (f for f in node.args if f.is_Add and len(f.args) <= _FACTOR_MAX_TERMS):
+            if not any(_grows_with(term, falling) for term in total.args) or any(
+                _has_quotient(term) for term in total.args
+            ):
+                # (a quotient term may tend to a number where exp(u) underflows, and then its
+                # own denominator, distributed, to 0: the cloglog's --save speed second
+                # derivative, exp(x - exp(x))*(1 + exp(x)/expm1(-exp(x)))/expm1(-exp(x)), was
+                # 0/0 = nan from x = -80 in float32 that way; found while checking this rule)
+                continue
+            rest = sympy.Mul(*(f for f in node.args if f is not total))
+            terms = []
+            for term in total.args:
+                exponent, other = _exp_factors(term * rest)
+                terms.append(other * sympy.exp(_expand(exponent)))
+            return sympy.Add(*terms)
+    return None
+
+
+def _falling_exponentials(u: sympy.Expr) -> set[sympy.Symbol]:
+    """The symbols of the v in u's terms ``-c*exp(v)`` (a positive number c)."""
+    found: set[sympy.Symbol] = set()
+    for term in sympy.Add.make_args(u):
+        c, call = term.as_coeff_Mul()
+        if isinstance(call, sympy.exp) and c.is_negative:
+            found |= call.args[0].free_symbols
+    return found
+
+
+def _has_quotient(term: sympy.Expr) -> bool:
+    """Whether ``term`` divides by something with a symbol (an exp's negative exponent aside)."""
+    return any(
+        f.is_Pow and f.exp.is_negative and f.base.free_symbols and not isinstance(f.base, sympy.exp)
+        for f in sympy.Mul.make_args(term)
+    )
+
+
+def _grows_with(term: sympy.Expr, symbols: set[sympy.Symbol]) -> bool:
+    """Whether ``term`` has an exp or expm1 of some of ``symbols``, which may overflow."""
+    return any(
+        isinstance(f, (sympy.exp, expm1)) and f.args[0].free_symbols & symbols for f in sympy.preorder_traversal(term)
+    )
+
+
+def _expm1_times_exp(node: sympy.Mul):
+    """``expm1(v)**k*exp(u)*r`` (a positive integer k, u and v sharing a symbol, ``u !=
+    -k*v``) -> ``where(v > 0, (-expm1(-v))**k*exp(u + k*v)*r, expm1(v)**k*exp(u)*r)``: where
+    v is large, expm1(v) overflows while exp(u) may underflow, and the product is 0*inf =
+    nan where it is finite or 0. The Gumbel density ``exp(-x - exp(-x))``'s gradient
+    ``exp(-x - exp(-x))*expm1(-x)`` was nan from x = -89 in float32, as naive autograd's is
+    (a fifth accuracy hunt), and its second derivative, with ``expm1(-x)**2``, from x = -45;
+    for v > 0, ``-expm1(-v)`` is between 0 and 1, and ``exp(u + k*v)`` overflows only where
+    the product does. (``u = -v`` is _expm1_partner's, without a where.)"""
+    factors = sympy.Mul.make_args(node)
+    calls = [f for f in factors if _expm1_power(f) is not None]
+    exps = [f for f in factors if isinstance(f, sympy.exp) and f.args[0].free_symbols]
+    for call in calls:
+        v, k = _expm1_power(call)
+        if _never_positive(v):
+            # (a guarded branch's own argument, in its derivative: x < 0's guard(x, x < 0, -1),
+            # where expm1 stays in (-1, 0] and a where would test what never holds)
+            continue
+        for power in exps:
+            u = power.args[0]
+            if not u.free_symbols & v.free_symbols or _expand(u + k * v) == 0:
+                continue
+            rest = sympy.Mul(*(f for f in factors if f is not call and f is not power))
+            large = (-expm1(_expand(-v))) ** k * sympy.exp(_expand(u + k * v)) * rest
+            return sympy.Piecewise((large, v > 0), (node, True))
+    return None
+
+
+def _never_positive(v: sympy.Expr) -> bool:
+    """Whether ``v``, linear in one guard of a symbol and in nothing else, is positive nowhere:
+    neither where the guard is its symbol (its condition holds and ``earlier`` does not)
+    nor at its safe point."""
+    guards = v.atoms(guard)
+    if len(guards) != 1:
+        return False
+    (g,) = guards
+    x, condition, safe, earlier = (*g.args, sympy.false)[:4]
+    taken, untaken = v.xreplace({g: x}), v.xreplace({g: safe})
+    if taken.free_symbols != {x} or not _number(untaken) or untaken > 0:
+        return False
+    region = sympy.And(condition, sympy.Not(earlier), taken > 0)  # (SymPy may fold it to false)
+    return region is sympy.false or _never_holds(region)
+
+
+def _expm1_power(f: sympy.Expr) -> tuple[sympy.Expr, sympy.Integer] | None:
+    """``expm1(v)**k``, for a v with symbols and a positive integer k (1 too): (v, k)."""
+    call, k = (f.base, f.exp) if f.is_Pow else (f, sympy.Integer(1))
+    if isinstance(call, expm1) and call.args[0].free_symbols and k.is_Integer and k > 0:
+        return call.args[0], k
+    return None
 
 
 def _expm1_partner(node: sympy.Mul):
