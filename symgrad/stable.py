@@ -76,8 +76,11 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    two run the rules again once where they changed something, which leave their results
    alone; then ``exp(k*v)*sigmoid(-c*exp(v))`` -> ``exp(k*v - c*exp(v))*sigmoid(c*exp(v))``
    (_sigmoid_exp_products), a sum with ``c*expm1(u)`` times ``exp(-u)`` or ``sinh(u/2)**-2``,
-   distributed so that they meet (_expm1_partners), and a difference of squares ``1 - x**2``
-   -> ``(1 - x)*(1 + x)`` (_difference_of_squares).
+   distributed so that they meet; a sum with exps times an exp that falls doubly
+   exponentially (``exp(-x - exp(-x))``), distributed so that the exps join; and
+   ``expm1(v)**k*exp(u)`` -> ``where(k*v > 20, (-expm1(-v))**k*exp(u + k*v), ...)``
+   (_expm1_partners); and a difference of squares ``1 - x**2`` -> ``(1 - x)*(1 + x)``
+   (_difference_of_squares).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
    ``log1p(x)/x`` and their derivatives), or at a dyadic point where a denominator
    vanishes (``log(x)/(x - 1)`` at 1): a :func:`~symgrad.stable_functions.removable`
@@ -474,16 +477,21 @@ def _rule_merge_exp(node: sympy.Expr):
         # term's exponentials join the normaliser's exponent (a softmax numerator).
         numerator = sympy.Mul(*sums)
         if sympy.count_ops(numerator) <= _MAX_EXPAND_OPS:
-            rest = [f for f in node.args if not (f.is_Add and _has_exp(f))]
-            terms = []
-            for term in sympy.Add.make_args(sympy.expand_mul(numerator)):
-                exponent, other = _exp_factors(sympy.Mul(term, *rest))
-                terms.append(other * sympy.exp(exponent))
-            return sympy.Add(*terms)
+            return _exps_joined(numerator, [f for f in node.args if not (f.is_Add and _has_exp(f))])
     if len(exps) < 2:
         return None
     others = [f for f in node.args if not isinstance(f, sympy.exp)]
     return sympy.Mul(*others) * sympy.exp(sympy.Add(*(f.args[0] for f in exps)))
+
+
+def _exps_joined(numerator: sympy.Expr, rest: list[sympy.Expr]) -> sympy.Expr:
+    """``numerator*rest``, the sums of ``numerator`` distributed, with each term's
+    exponentials joined into one exp (_exp_factors)."""
+    terms = []
+    for term in sympy.Add.make_args(sympy.expand_mul(numerator)):
+        exponent, other = _exp_factors(sympy.Mul(term, *rest))
+        terms.append(other * sympy.exp(exponent))
+    return sympy.Add(*terms)
 
 
 def _replace_each(expr: sympy.Expr, kind: type, rule) -> sympy.Expr:
@@ -515,29 +523,46 @@ def _exp_into_sum(node: sympy.Mul):
     underflows to 0, exp(w) (or expm1(w)) may overflow, and the product is 0*inf = nan where
     it is 0. The Gumbel density ``exp(-x - exp(-x))``'s second derivative, factored as
     ``(expm1(-x)**2 - exp(-x))*exp(-x - exp(-x))``, was nan from x = -45 in float32 (a fifth
-    accuracy hunt). Each term's own exp then joins the exponent, and _expm1_times_exp takes
-    each expm1 term. (A sum of more than _FACTOR_MAX_TERMS terms, or with a quotient term,
-    is left as it is.)"""
-    for power in (f for f in node.args if isinstance(f, sympy.exp)):
-        falling = _falling_exponentials(power.args[0])
-        if not falling:
+    accuracy hunt). Each term's own exps then join the exponent, and _expm1_times_exp takes
+    each expm1 term. Every such sum of the product is distributed, up to _MAX_EXPAND_OPS
+    operations in all, each of at most _FACTOR_MAX_TERMS terms and with no quotient term;
+    ``b*exp(w) - b`` first becomes ``b*expm1(w)`` (_expm1_pairs)."""
+    falling = set().union(*(_falling_exponentials(f.args[0]) for f in node.args if isinstance(f, sympy.exp)))
+    if not falling:
+        return None
+    sums = [
+        f
+        for f in node.args
+        if f.is_Add
+        and len(f.args) <= _FACTOR_MAX_TERMS
+        and any(_grows_with(term, falling) for term in f.args)
+        # (a quotient term may tend to a number where exp(u) underflows, and then its own
+        # denominator, distributed, to 0: the cloglog's --save speed second derivative,
+        # exp(x - exp(x))*(1 + exp(x)/expm1(-exp(x)))/expm1(-exp(x)), was 0/0 = nan from
+        # x = -80 in float32 that way; found while checking this rule)
+        and not any(_has_quotient(term) for term in f.args)
+    ]
+    numerator = sympy.Mul(*(_expm1_pairs(f) for f in sums))
+    if not sums or sympy.count_ops(numerator) > _MAX_EXPAND_OPS:
+        return None
+    return _exps_joined(numerator, [f for f in node.args if f not in sums])
+
+
+def _expm1_pairs(total: sympy.Add) -> sympy.Expr:
+    """``total`` with each pair of terms ``b*exp(w)`` and ``-b`` as ``b*expm1(w)``, for a b
+    with symbols too (_rule_minus_one's are numbers): distributed as two exps, the pair
+    cancelled where w is near 0 (exp(-x*y - exp(-x*y))'s mixed second derivative was 2.8%
+    off at x*y = 1e-6 in float32, and its gradient not 0 at x*y = 0; found in review)."""
+    terms = list(total.args)
+    for index, term in enumerate(terms):
+        powers = [f for f in sympy.Mul.make_args(term) if isinstance(f, sympy.exp)]
+        if len(powers) != 1:
             continue
-        for total in (f for f in node.args if f.is_Add and len(f.args) <= _FACTOR_MAX_TERMS):
-            if not any(_grows_with(term, falling) for term in total.args) or any(
-                _has_quotient(term) for term in total.args
-            ):
-                # (a quotient term may tend to a number where exp(u) underflows, and then its
-                # own denominator, distributed, to 0: the cloglog's --save speed second
-                # derivative, exp(x - exp(x))*(1 + exp(x)/expm1(-exp(x)))/expm1(-exp(x)), was
-                # 0/0 = nan from x = -80 in float32 that way; found while checking this rule)
-                continue
-            rest = sympy.Mul(*(f for f in node.args if f is not total))
-            terms = []
-            for term in total.args:
-                exponent, other = _exp_factors(term * rest)
-                terms.append(other * sympy.exp(_expand(exponent)))
-            return sympy.Add(*terms)
-    return None
+        b = term / powers[0]
+        if -b in terms:
+            terms[terms.index(-b)] = sympy.Integer(0)
+            terms[index] = b * expm1(powers[0].args[0])
+    return sympy.Add(*terms)
 
 
 def _falling_exponentials(u: sympy.Expr) -> set[sympy.Symbol]:
@@ -566,14 +591,19 @@ def _grows_with(term: sympy.Expr, symbols: set[sympy.Symbol]) -> bool:
 
 
 def _expm1_times_exp(node: sympy.Mul):
-    """``expm1(v)**k*exp(u)*r`` (a positive integer k, u and v sharing a symbol, ``u !=
-    -k*v``) -> ``where(v > 0, (-expm1(-v))**k*exp(u + k*v)*r, expm1(v)**k*exp(u)*r)``: where
-    v is large, expm1(v) overflows while exp(u) may underflow, and the product is 0*inf =
-    nan where it is finite or 0. The Gumbel density ``exp(-x - exp(-x))``'s gradient
-    ``exp(-x - exp(-x))*expm1(-x)`` was nan from x = -89 in float32, as naive autograd's is
-    (a fifth accuracy hunt), and its second derivative, with ``expm1(-x)**2``, from x = -45;
-    for v > 0, ``-expm1(-v)`` is between 0 and 1, and ``exp(u + k*v)`` overflows only where
-    the product does. (``u = -v`` is _expm1_partner's, without a where.)"""
+    """``expm1(v)**k*exp(u)*r`` (a positive integer k, u and v sharing a symbol) ->
+    ``where(k*v > 20, (-expm1(-v))**k*exp(u + k*v)*r, expm1(v)**k*exp(u)*r)``: where v is
+    large, expm1(v) overflows while exp(u) may underflow, and the product is 0*inf = nan
+    where it is finite or 0. The Gumbel density ``exp(-x - exp(-x))``'s gradient ``exp(-x -
+    exp(-x))*expm1(-x)`` was nan from x = -89 in float32, as naive autograd's is (a fifth
+    accuracy hunt), and its second derivative, with ``expm1(-x)**2``, from x = -45. Below
+    20, expm1(v)**k stays below e**20; above, ``(-expm1(-v))**k`` is 1 within k*e**-20
+    (float32 rounds it to 1 for k < 3), so ``exp(u + k*v)`` overflows where the product
+    does, or within that much of the format's largest number. (From v > 0 on, the where
+    made an inf of ``expm1(x/100)*exp(x)`` at x = 88 in float32, where it is 2.3e38; found
+    in review.) For ``u = -k*v`` the product is ``(-expm1(-v))**k*r``, without a where;
+    for u a positive multiple of v, exp(u) cannot underflow where expm1(v) overflows, and
+    the product stays."""
     factors = sympy.Mul.make_args(node)
     calls = [f for f in factors if _expm1_power(f) is not None]
     exps = [f for f in factors if isinstance(f, sympy.exp) and f.args[0].free_symbols]
@@ -585,16 +615,20 @@ def _expm1_times_exp(node: sympy.Mul):
             continue
         for power in exps:
             u = power.args[0]
-            if not u.free_symbols & v.free_symbols or _expand(u + k * v) == 0:
+            ratio = u / v
+            if not u.free_symbols & v.free_symbols or ratio.is_number and ratio.is_positive:
                 continue
             rest = sympy.Mul(*(f for f in factors if f is not call and f is not power))
-            large = (-expm1(_expand(-v))) ** k * sympy.exp(_expand(u + k * v)) * rest
-            return sympy.Piecewise((large, v > 0), (node, True))
+            exponent = _expand(u + k * v)
+            large = (-expm1(_expand(-v))) ** k * sympy.exp(exponent) * rest
+            if exponent == 0:
+                return large
+            return sympy.Piecewise((large, k * v > 20), (node, True))
     return None
 
 
 def _never_positive(v: sympy.Expr) -> bool:
-    """Whether ``v``, linear in one guard of a symbol and in nothing else, is positive nowhere:
+    """Whether ``v``, an expression in one guard of a symbol and in nothing else, is positive nowhere:
     neither where the guard is its symbol (its condition holds and ``earlier`` does not)
     nor at its safe point."""
     guards = v.atoms(guard)
@@ -611,7 +645,7 @@ def _never_positive(v: sympy.Expr) -> bool:
 
 def _expm1_power(f: sympy.Expr) -> tuple[sympy.Expr, sympy.Integer] | None:
     """``expm1(v)**k``, for a v with symbols and a positive integer k (1 too): (v, k)."""
-    call, k = (f.base, f.exp) if f.is_Pow else (f, sympy.Integer(1))
+    call, k = f.as_base_exp()
     if isinstance(call, expm1) and call.args[0].free_symbols and k.is_Integer and k > 0:
         return call.args[0], k
     return None

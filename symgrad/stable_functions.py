@@ -1043,7 +1043,7 @@ def _positive_at(base: sympy.Expr, x: sympy.Symbol, center: sympy.Rational) -> b
         return False
     # (nan, zoo and oo are Numbers too, and SymPy raises on comparing nan: the base of
     # tanh(log(x))**c at 0 is nan, which stopped generation with a TypeError; a fuzz find)
-    return bool(value.is_Number and value.is_extended_real and value.is_finite and value > 1e-20)
+    return bool(value.is_Number and value.is_finite and value > 1e-20)
 
 
 def removable(expr: sympy.Expr, x: sympy.Symbol, center: sympy.Rational = sympy.Integer(0)):

@@ -1585,6 +1585,9 @@ EQUALITY_EXPRS = [
     sympy.diff(sympy.exp(-X - sympy.exp(-X)), X, 2),
     Y * expm1(X) ** 3 * sympy.exp(Y - 2 * X - sympy.exp(X)),
     (Y - sympy.exp(X) + 2 * expm1(-X)) * sympy.exp(-sympy.exp(2 * X) + X),
+    (1 + sympy.exp(X)) * (2 + Y * sympy.exp(X)) * sympy.exp(-sympy.exp(X)),
+    (Y * sympy.exp(-X * Y) - Y) * sympy.exp(-X * Y - sympy.exp(-X * Y)),
+    Y * expm1(X) ** 2 * sympy.exp(-2 * X),
 ]
 PIECEWISE_EXPRS = [e for e in EQUALITY_EXPRS if e.has(sympy.Piecewise)]
 
@@ -3099,19 +3102,31 @@ def test_an_expm1_times_a_falling_exp_takes_a_where_and_a_sum_shares_the_exp():
     x, y = X, Y
     u = -x - sympy.exp(-x)
     assert stable._expm1_times_exp(y * expm1(-x) * sympy.exp(u)) == sympy.Piecewise(
-        (-y * expm1(x) * sympy.exp(-2 * x - sympy.exp(-x)), -x > 0), (y * expm1(-x) * sympy.exp(u), True)
+        (-y * expm1(x) * sympy.exp(-2 * x - sympy.exp(-x)), -x > 20), (y * expm1(-x) * sympy.exp(u), True)
     )
     assert stable._expm1_times_exp(expm1(-x) ** 2 * sympy.exp(u)) == sympy.Piecewise(
-        (expm1(x) ** 2 * sympy.exp(-3 * x - sympy.exp(-x)), -x > 0), (expm1(-x) ** 2 * sympy.exp(u), True)
+        (expm1(x) ** 2 * sympy.exp(-3 * x - sympy.exp(-x)), -2 * x > 20), (expm1(-x) ** 2 * sympy.exp(u), True)
     )
-    # (u = -v is _expm1_partner's; an argument positive nowhere, a guarded branch's, needs no where)
-    assert stable._expm1_times_exp(expm1(x) * sympy.exp(-x)) is None
+    # (u = -k*v: no where; both overflowed in float32, from x = 45 and 89; found in review)
+    assert stable._expm1_times_exp(y * expm1(x) * sympy.exp(-x)) == -y * expm1(-x)
+    assert stable._expm1_times_exp(expm1(x) ** 2 * sympy.exp(-2 * x)) == expm1(-x) ** 2
+    # (an argument positive nowhere, a guarded branch's; an exp growing with v; no symbol shared)
     assert stable._expm1_times_exp(expm1(sf.guard(x, x < 0, -1)) * sympy.exp(u)) is None
     assert stable._expm1_times_exp(expm1(-sf.guard(x, True, 1, x < 0)) * sympy.exp(u)) is None
-    assert stable._expm1_times_exp(expm1(y) * sympy.exp(u)) is None  # (no symbol shared)
+    assert stable._expm1_times_exp(expm1(x) * sympy.exp(2 * x)) is None
+    assert stable._expm1_times_exp(expm1(y) * sympy.exp(u)) is None
     assert stable._exp_into_sum((expm1(-x) ** 2 - sympy.exp(-x)) * sympy.exp(u)) == (
         expm1(-x) ** 2 * sympy.exp(u) - sympy.exp(-2 * x - sympy.exp(-x))
     )
+    # (every such sum, each pair b*exp(w) - b first as b*expm1(w): found in review)
+    assert stable._exp_into_sum((1 + sympy.exp(x)) * (2 + y * sympy.exp(x)) * sympy.exp(-sympy.exp(x))) == (
+        2 * sympy.exp(-sympy.exp(x))
+        + 2 * sympy.exp(x - sympy.exp(x))
+        + y * sympy.exp(x - sympy.exp(x))
+        + y * sympy.exp(2 * x - sympy.exp(x))
+    )
+    uy = -x * y - sympy.exp(-x * y)
+    assert stable._exp_into_sum((y * sympy.exp(-x * y) - y) * sympy.exp(uy)) == y * expm1(-x * y) * sympy.exp(uy)
     # Only where the exp falls doubly exponentially, the sum has an exp of its symbols, and
     # no term is a quotient (the cloglog's speed-mode second derivative was 0/0 that way).
     for unchanged in (
