@@ -960,6 +960,29 @@ def test_domain_probe_refuses_what_it_cannot_print():
     assert "\n" not in str(caught.value)
 
 
+def test_probes_evaluate_a_constant_special_function_once_per_precision():
+    """probe._remembered: erf(30) costs 29 ms in mpmath at 2048 bits, and the probes met it
+    again at every point of every candidate form (the campaign find hypot(...)**(erf(30)**y)
+    took 110 s to generate, nearly all of it in erf; now 4). Remembered, it is evaluated
+    once per precision, and the values are the ones mpmath gives."""
+    from symgrad import probe
+
+    y = sympy.Symbol("y", real=True)
+    evaluate = probe.real_only(probe.probe_code([y], sympy.erf(30) ** y))
+    remembered_erf = probe._PROBE_NAMESPACE["erf"]
+    remembered_erf.cache_clear()
+    points = [mpmath.mpf(k) / 7 for k in range(1, 41)]
+    for bits in (64, 2048):
+        with mpmath.workprec(bits):
+            assert [evaluate(p) for p in points] == [mpmath.erf(30) ** p for p in points]
+    assert remembered_erf.cache_info().misses == 2  # one evaluation at each precision
+    assert remembered_erf.cache_info().hits == 2 * len(points) - 2
+    # Unhashable arguments are passed through, and a failure is raised again, not remembered.
+    assert probe._remembered(len)([1, 2]) == 2
+    with pytest.raises(ZeroDivisionError):
+        probe._remembered(lambda v: 1 / v)(0)
+
+
 def test_trig_abstraction_reaches_calls_rebuilt_with_their_sign():
     """derive._abstract_trig_arguments leaves no trig call for trigsimp (campaign 37): after
     cosh(x) becomes a symbol, sinh(y - cosh(x)) is rebuilt as -sinh(_arg - y), which a second

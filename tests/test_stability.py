@@ -691,18 +691,18 @@ def _exec_module(source: str, label: str) -> dict:
     return namespace
 
 
-def _truth_at(case: Case, point, dps: int):
+def _truth_at(exact: Callable, point, dps: int):
     with mpmath.workdps(dps):
         args = [mpmath.mpf(p) for p in point]
-        value = case.exact(*args)
+        value = exact(*args)
         grads = []
         for i in range(len(args)):
             h = abs(args[i]) * mpmath.mpf(10) ** -20 if args[i] != 0 else mpmath.mpf(10) ** -30
             order = tuple(1 if j == i else 0 for j in range(len(args)))
             if len(args) == 1:
-                grads.append(mpmath.diff(case.exact, args[0], h=h))
+                grads.append(mpmath.diff(exact, args[0], h=h))
             else:
-                grads.append(mpmath.diff(case.exact, tuple(args), order, h=h))
+                grads.append(mpmath.diff(exact, tuple(args), order, h=h))
         return [value] + grads
 
 
@@ -712,15 +712,26 @@ def truth(case: Case, point: tuple[float, ...]):
     The plain formula loses digits to cancellation (``log(1 + exp(-100))`` needs 61), so
     the precision is raised until two evaluations agree to 25 digits.
     """
+    value, grads = _exact_truth(case.exact, tuple(point))
+    return value, list(grads)
+
+
+@functools.cache
+def _exact_truth(exact: Callable, point: tuple[float, ...]):
+    """truth(), remembered per formula and point for the whole session: each test asks for
+    its points twice (points_for, then errors), and the save modes, fused variants and
+    float32 and float64 share most of them. At up to 1000 digits that was most of these
+    tests' time (the cloglog's four tests took 41-60 s each, nearly all in mpmath; about
+    20 s in all now)."""
     previous = None
     for dps in (60, 150, 400, 1000):
-        current = _truth_at(case, point, dps)
+        current = _truth_at(exact, point, dps)
         if previous is not None and all(
             abs(a - b) <= mpmath.mpf(10) ** -25 * abs(b) for a, b in zip(previous, current)
         ):
             break
         previous = current
-    return current[0], current[1:]
+    return current[0], tuple(current[1:])
 
 
 def rel_error(got: float, want, dtype) -> float:
