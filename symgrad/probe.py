@@ -50,7 +50,7 @@ def _probe_polygamma(order, argument):
     """
     if not abs(argument) <= PROBE_MAX_SPECIAL_ARGUMENT or mpmath.re(argument) < -PROBE_MAX_NEGATIVE_POLYGAMMA:
         raise OverflowError("polygamma argument too large to probe")
-    return _polygamma(order, argument)
+    return REMEMBERED["polygamma"](order, argument)
 
 
 def _power_size(base, exponent):
@@ -68,50 +68,51 @@ def _power_size(base, exponent):
     return abs(exponent) * abs(mpmath.log(abs(base))) + abs(mpmath.im(exponent))
 
 
-def _remembered(fn):
+def remembered(fn):
     """``fn``, remembering its value for each argument tuple at each working precision.
 
-    The special functions cost tens of milliseconds at the probes' highest precision
-    (2048 bits: erf(30) 29 ms, gamma(0.3) 31 ms, digamma(30) 29 ms, against 0.2 ms for sin
-    or exp), and a constant call such as erf(30) is evaluated again at every probe point of
-    every candidate form: generating ``hypot(...)**(erf(30)**y)`` (a fuzz campaign find)
-    made 24,763 erf calls, 111 s of its 119 s under a profiler. Remembered, each constant
-    costs one evaluation per precision (that expression: 4 s from the command line, was
-    110). The value is the same, since the key holds the precision; exceptions are not
-    remembered, so they are raised again each time.
+    Some special functions cost tens of milliseconds at the probes' highest precision
+    (2048 bits, after a first call: erf(30) 33 ms, erfc(30) 29 ms, digamma(30) and
+    ncdf(-30) 14 ms, against 0.15 ms for sin(30)), and a constant call such as erf(30) is
+    evaluated again at every probe point of every candidate form: generating
+    ``hypot(...)**(erf(30)**y)`` (a fuzz campaign find) made 24,763 erf calls, 111 s of its
+    119 s under a profiler. Remembered, each constant costs one evaluation per precision
+    (that expression: 4 s from the command line, was 110). The value is the one ``fn``
+    gives: the key holds the precision, and the arguments' types (``typed``: mpf(30) and
+    mpc(30, 0) are equal keys, but erf returns an mpf for one and an mpc for the other; a
+    review find). Exceptions are not remembered, so they are raised again each time.
     """
 
-    @functools.lru_cache(maxsize=1024)
-    def at_precision(precision, args):
+    @functools.lru_cache(maxsize=1024, typed=True)
+    def at_precision(precision, *args):
         return fn(*args)
 
     @functools.wraps(fn)
-    def remembered(*args):
+    def remembering(*args):
         try:
             hash(args)
         except TypeError:
             return fn(*args)
-        return at_precision(mpmath.mp.prec, args)
+        return at_precision(mpmath.mp.prec, *args)
 
-    remembered.cache_info, remembered.cache_clear = at_precision.cache_info, at_precision.cache_clear
-    return remembered
+    remembering.cache_info, remembering.cache_clear = at_precision.cache_info, at_precision.cache_clear
+    return remembering
 
 
-_erf, _erfc, _gamma, _loggamma, _polygamma = (
-    _remembered(getattr(mpmath, name)) for name in ("erf", "erfc", "gamma", "loggamma", "polygamma")
-)
+# The costly ones (see remembered), for the probe code and for the mpmath implementations of
+# symgrad.stable_functions (ndtr(30) took as long as erf(30); a review find).
+REMEMBERED = {name: remembered(getattr(mpmath, name)) for name in ("erf", "erfc", "ncdf", "polygamma")}
 
 _PROBE_NAMESPACE = {
     **{name: _guard(getattr(mpmath, name), lambda a: abs(a), PROBE_MAX_EXPONENT)
-       for name in ("exp", "expm1", "sinh", "cosh")},
-    "gamma": _guard(_gamma, lambda a: abs(a), PROBE_MAX_EXPONENT),
-    "erf": _erf,
-    "erfc": _erfc,
+       for name in ("exp", "expm1", "sinh", "cosh", "gamma")},
+    "erf": REMEMBERED["erf"],
+    "erfc": REMEMBERED["erfc"],
     **{name: _guard(getattr(mpmath, name), lambda a: abs(a), PROBE_MAX_TRIG_ARGUMENT)
        for name in ("sin", "cos", "tan", "sec", "csc", "cot")},
     # Beyond float64's range these are inf or nan in the generated code anyway, and mpmath
     # may take long over them (see _probe_polygamma).
-    "loggamma": _guard(_loggamma, lambda a: abs(a), PROBE_MAX_SPECIAL_ARGUMENT),
+    "loggamma": _guard(mpmath.loggamma, lambda a: abs(a), PROBE_MAX_SPECIAL_ARGUMENT),
     "polygamma": _probe_polygamma,
     "_probe_power": _guard(mpmath.power, _power_size, PROBE_MAX_EXPONENT),
     "_probe_heaviside": lambda x, h0=mpmath.mpf(0.5): mpmath.mpf(0) if x < 0 else (h0 if x == 0 else mpmath.mpf(1)),

@@ -961,7 +961,7 @@ def test_domain_probe_refuses_what_it_cannot_print():
 
 
 def test_probes_evaluate_a_constant_special_function_once_per_precision():
-    """probe._remembered: erf(30) costs 29 ms in mpmath at 2048 bits, and the probes met it
+    """probe.remembered: erf(30) costs 33 ms in mpmath at 2048 bits, and the probes met it
     again at every point of every candidate form (the campaign find hypot(...)**(erf(30)**y)
     took 110 s to generate, nearly all of it in erf; now 4). Remembered, it is evaluated
     once per precision, and the values are the ones mpmath gives."""
@@ -969,7 +969,7 @@ def test_probes_evaluate_a_constant_special_function_once_per_precision():
 
     y = sympy.Symbol("y", real=True)
     evaluate = probe.real_only(probe.probe_code([y], sympy.erf(30) ** y))
-    remembered_erf = probe._PROBE_NAMESPACE["erf"]
+    remembered_erf = probe.REMEMBERED["erf"]
     remembered_erf.cache_clear()
     points = [mpmath.mpf(k) / 7 for k in range(1, 41)]
     for bits in (64, 2048):
@@ -977,10 +977,38 @@ def test_probes_evaluate_a_constant_special_function_once_per_precision():
             assert [evaluate(p) for p in points] == [mpmath.erf(30) ** p for p in points]
     assert remembered_erf.cache_info().misses == 2  # one evaluation at each precision
     assert remembered_erf.cache_info().hits == 2 * len(points) - 2
-    # Unhashable arguments are passed through, and a failure is raised again, not remembered.
-    assert probe._remembered(len)([1, 2]) == 2
+
+
+@pytest.mark.parametrize("function", ["ndtr", "erfcx", "log_ndtr"])
+def test_stable_functions_mpmath_values_are_remembered_too(function):
+    """Their mpmath implementations call probe.REMEMBERED's erfc: a constant ndtr(30) in the
+    campaign find above took 90 s to generate, erfcx(30) 64 s (a review find)."""
+    from symgrad import probe, stable_functions
+
+    remembered_erfc = probe.REMEMBERED["erfc"]
+    remembered_erfc.cache_clear()
+    implementation = getattr(stable_functions, function)._imp_
+    with mpmath.workprec(2048):
+        values = [implementation(mpmath.mpf(-3)) for _ in range(5)]
+    assert len(set(values)) == 1
+    assert remembered_erfc.cache_info().misses == 1 and remembered_erfc.cache_info().hits == 4
+
+
+def test_remembered_values_are_what_the_function_gives():
+    """Keys hold the precision and the arguments' types: mpf(30) and mpc(30, 0) are equal
+    keys, but mpmath's erf gives an mpf for one and an mpc for the other (a review find).
+    Unhashable arguments pass through, and a failure is raised again, not remembered."""
+    from symgrad import probe
+
+    erf = probe.remembered(mpmath.erf)
+    for bits in (24, 53, 64, 2048):
+        with mpmath.workprec(bits):
+            for argument in (mpmath.mpf(30), mpmath.mpc(30, 0), 30, 30.0, complex(30, 0), mpmath.mpf("0.3")):
+                got, want = erf(argument), mpmath.erf(argument)
+                assert (type(got), got) == (type(want), want), (bits, argument)
+    assert probe.remembered(len)([1, 2]) == 2
     with pytest.raises(ZeroDivisionError):
-        probe._remembered(lambda v: 1 / v)(0)
+        probe.remembered(lambda v: 1 / v)(0)
 
 
 def test_trig_abstraction_reaches_calls_rebuilt_with_their_sign():
