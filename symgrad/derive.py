@@ -14,7 +14,7 @@ import sympy
 from sympy.codegen.cfunctions import expm1
 
 from .errors import SymgradError
-from .kernels import whole_gradient_kernel
+from .kernels import whole_gradient_kernel, with_forward_kernels
 from .parse import Output, Parsed
 from .printer import numbers_to_floats
 from .probe import FLOAT64_MAX, PROBE_FAILURES, moderate, probe_code, real_only, wrap_probe_calls
@@ -104,6 +104,8 @@ def derive(parsed: Parsed) -> Derivation:
     surrogates = dict(parsed.surrogates)
     forward = tuple(stabilize(out.expr, root_sums=True) for out in parsed.outputs)
     identities: set[str] = set()
+    if not parsed.spec.fuse:
+        forward = _with_forward_kernels(forward, identities)
     forward = _cheaper_forms(forward, identities, parsed.spec.fuse)
     for index, expr in enumerate(forward):
         folded = numbers_to_floats(_elementary_or_self(expr))
@@ -149,6 +151,18 @@ def derive(parsed: Parsed) -> Derivation:
         identities=tuple(sorted(identities)),
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
+
+
+def _with_forward_kernels(forward: tuple[sympy.Expr, ...], identities: set[str]) -> tuple[sympy.Expr, ...]:
+    """Each eager forward expression with ATen's activation kernels (kernels.with_forward_kernels),
+    adding the identities used. Only forward: the gradients are derived from the outputs as
+    parsed, and a backward kernel (symgrad.kernels) computes the first-order ones."""
+    results = []
+    for expr in forward:
+        expr, used = with_forward_kernels(expr)
+        identities |= used
+        results.append(expr)
+    return tuple(results)
 
 
 def _sigmoid_complements(expr: sympy.Expr) -> sympy.Expr:
@@ -465,6 +479,10 @@ IDENTITIES = {
     "sigmoid_split": "sigmoid(u) = 1 - s if u > 0 else s, with s = sigmoid(-|u|)",
     "tanh_softplus": "tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)",
     "cosh_softplus": "cosh(softplus(u)) = (1 + (1 - s)**2)/(2*(1 - s)), with s = sigmoid(u)",
+    # (kernels.FORWARD_KERNELS: forward only)
+    "mish": "u*tanh(softplus(u)) = torch.nn.functional.mish(u), in forward",
+    "silu": "u*sigmoid(u) = torch.nn.functional.silu(u), in forward",
+    "log_sigmoid": "-softplus(-u) = torch.nn.functional.logsigmoid(u), in forward",
 }
 
 
@@ -1037,7 +1055,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 forward = split
                 identities.add("sigmoid_split")
             found = whole_gradient_kernel(parsed.spec, parsed.inputs, parsed.params, _terms_reaching(derivation, j))
-            if found is not None and found.kernel.beats_saved_derivative:
+            if found is not None:
                 # One ATen kernel computes it in backward (symgrad.kernels): faster than
                 # computing it in forward and multiplying, and nothing more is saved.
                 continue

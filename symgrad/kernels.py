@@ -1,4 +1,5 @@
-"""ATen's fused backward kernels, for a first-order backward in eager bodies.
+"""ATen's fused kernels: backward kernels for a first-order backward in eager bodies, and
+activation kernels for eager forward bodies (FORWARD_KERNELS, at the end).
 
 Eager autograd runs one fused kernel per op's backward (``silu_backward`` reads the
 upstream gradient and x once, and writes once), where a symbolic backward runs each
@@ -25,7 +26,7 @@ import sympy
 
 from sympy.codegen.cfunctions import expm1, log1p
 
-from .stable_functions import sigmoid, softplus
+from .stable_functions import log_sigmoid, mish, sigmoid, silu, softplus
 
 # Points at which a gradient and a kernel's derivative must agree, one value per symbol
 # (fixed, so that generation is deterministic; irrational-looking so that no identity
@@ -45,9 +46,6 @@ class Kernel:
     function: str
     derivative: Callable[[sympy.Expr], sympy.Expr]
     call: str
-    # Whether --save speed leaves this derivative to the kernel in backward rather than
-    # returning it from forward (measured: the kernel is faster, and saves a tensor less).
-    beats_saved_derivative: bool = True
 
 
 # Each computes the upstream gradient times the derivative in fewer passes over memory
@@ -85,14 +83,15 @@ KERNELS = (
     ),
     # d/du u*tanh(softplus(u)): mish_backward computes tanh(sp) + u*s*(1 - tanh(sp)**2) with
     # sp = log1p(exp(u)) and s = sigmoid(u), as symgrad's formula does, where the formula
-    # runs fifteen kernels (from one sigmoid: derive's cheaper eager form). Its four
-    # transcendental functions make it slower than a derivative forward computed next to the
-    # output (--save speed, whose backward only multiplies: 59.7 ms at 1e7 against 71.1).
+    # runs fifteen kernels (from one sigmoid: derive's cheaper eager form). (Its four
+    # transcendental functions were slower than --save speed's derivative computed in forward
+    # next to the output, 71.1 ms at 1e7 against 59.7, while forward computed Mish from a
+    # sigmoid: the derivative shared it. Forward is F.mish now (FORWARD_KERNELS), which
+    # shares nothing, so --save speed leaves the derivative to this kernel too.)
     Kernel(
         "mish",
         lambda u: sympy.tanh(softplus(u)) + u * sigmoid(u) * (1 - sympy.tanh(softplus(u)) ** 2),
         "torch.ops.aten.mish_backward({grad}, {u})",
-        beats_saved_derivative=False,
     ),
 )
 
@@ -212,3 +211,64 @@ def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
         except (TypeError, ValueError, ArithmeticError, MemoryError, RecursionError):
             return False
     return True
+
+
+@dataclass(frozen=True)
+class ForwardKernel:
+    """One ATen activation kernel for forward bodies: the SymPy function printed as its
+    call (stable_functions.ForwardKernel), the transcendental call its formula makes, of an
+    argument ``u``, and how to find ``u`` from a node that may be that call."""
+
+    function: type
+    formula: Callable[[sympy.Expr], sympy.Expr]
+    inner: Callable[[sympy.Expr], sympy.Expr]
+    argument: Callable[[sympy.Basic], sympy.Expr | None]
+
+
+# One kernel reads u once and writes once, where the formula runs each of its operations
+# as a kernel of its own over the whole tensor (measured on the benchmark host, 1 thread,
+# 1e7 float32 values, glibc keeping freed memory: F.mish 46 ms against 91 for Mish's
+# sigmoid form with its temporaries reused, F.silu 15 against 31 for x*sigmoid(x),
+# F.logsigmoid 24 against 43 for -softplus(-x)). Each is as accurate as the formula or
+# more, in float32 and float64 at |u| up to 1e30 (mpmath, 50 digits): Mish's sigmoid form
+# was 0 for u in (-103.9, -88.7) in float32, where torch.sigmoid underflows and F.mish
+# keeps the subnormal exp(u); F.silu and x*sigmoid(x) are both 0 there; F.logsigmoid is
+# min(u, 0) - log1p(exp(-|u|)). Fused bodies keep the formula: inductor compiles it into
+# its one kernel anyway.
+FORWARD_KERNELS = (
+    ForwardKernel(
+        mish,
+        lambda u: u * sympy.tanh(softplus(u)),
+        lambda u: softplus(u),
+        lambda node: node.args[0].args[0] if isinstance(node, sympy.tanh) and isinstance(node.args[0], softplus) else None,
+    ),
+    ForwardKernel(silu, lambda u: u * sigmoid(u), sigmoid, lambda node: node.args[0] if isinstance(node, sigmoid) else None),
+    ForwardKernel(
+        log_sigmoid,
+        lambda u: -softplus(-u),
+        lambda u: softplus(-u),
+        lambda node: -node.args[0] if isinstance(node, softplus) else None,
+    ),
+)
+
+
+def with_forward_kernels(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
+    """``expr`` with each FORWARD_KERNELS formula as the kernel's function, and the names of
+    the functions used.
+
+    A formula is replaced only where its transcendental call is then gone from ``expr``
+    (x*sigmoid(x) + sigmoid(x) keeps its one sigmoid and a product, cheaper than the sigmoid
+    and a silu) and the expression has fewer operations (-softplus(-x) becomes
+    log_sigmoid(x), softplus(-x) stays). ``subs`` finds a formula inside a product or a
+    power too: x**2*sigmoid(x) is x*silu(x).
+    """
+    used = set()
+    for kernel in FORWARD_KERNELS:
+        arguments = {kernel.argument(node) for node in sympy.preorder_traversal(expr)} - {None}
+        for u in sorted(arguments, key=sympy.default_sort_key):
+            candidate = expr.subs(kernel.formula(u), kernel.function(u))
+            if candidate.has(kernel.inner(u)) or sympy.count_ops(candidate) >= sympy.count_ops(expr):
+                continue
+            expr = candidate
+            used.add(kernel.function.__name__)
+    return expr, frozenset(used)

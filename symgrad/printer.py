@@ -26,10 +26,13 @@ from .stable_functions import (
     hypot,
     hypot_excess,
     log_ndtr,
+    log_sigmoid,
     logaddexp,
+    mish,
     ndtr,
     norm_ratio,
     sigmoid,
+    silu,
     softplus,
     xlogy,
 )
@@ -108,6 +111,10 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     # rounding of x; below it, log1p(exp(x)) cannot overflow in float32.
     softplus: lambda args: f"torch.nn.functional.softplus({args[0]}, threshold=40.0)",
     sigmoid: _call("torch.sigmoid"),
+    # Forward bodies only (kernels.FORWARD_KERNELS): each one ATen kernel.
+    mish: _call("torch.nn.functional.mish"),
+    silu: _call("torch.nn.functional.silu"),
+    log_sigmoid: _call("torch.nn.functional.logsigmoid"),
     # Not torch.special.ndtr: in torch 2.13 it returns 0 below about -10 (and loses all
     # accuracy near -5 in float32); erfc of the negated, scaled argument keeps both tails.
     ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {_as_atom(args[0])})",

@@ -8,6 +8,9 @@ method the printer calls).
 
 - ``softplus(u) = log(1 + exp(u))``            -> ``torch.nn.functional.softplus``
 - ``sigmoid(u) = 1 / (1 + exp(-u))``           -> ``torch.sigmoid``
+- ``mish(u) = u*tanh(softplus(u))``, ``silu(u) = u*sigmoid(u)`` and
+  ``log_sigmoid(u) = -softplus(-u)``           -> ``torch.nn.functional.mish``, ``silu``
+  and ``logsigmoid``: forward bodies only (kernels.FORWARD_KERNELS)
 - ``logaddexp(a, b) = log(exp(a) + exp(b))``   -> ``torch.logaddexp``
 - ``hypot(a, b) = sqrt(a**2 + b**2)``          -> ``torch.hypot``
 - ``norm_ratio(a, n) = a/n`` (n a norm of a)    -> ``a / n``, kept whole
@@ -140,6 +143,72 @@ class sigmoid(StableFunction):  # noqa: N801
 
     def elementary(self):
         return 1 / (1 + sympy.exp(-self.args[0]))
+
+
+class ForwardKernel(StableFunction):
+    """Base of the functions that only a forward body calls: each is what one ATen
+    activation kernel computes (kernels.FORWARD_KERNELS rewrites its formula into it, after
+    the gradients are derived). Never parsed from user input."""
+
+    nargs = 1
+
+
+class mish(ForwardKernel):  # noqa: N801
+    """``u*tanh(softplus(u))``."""
+
+    @staticmethod
+    def _imp_(u):
+        u = mpmath.mpmathify(u)
+        return u * mpmath.tanh(softplus._imp_(u))
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        u = self.args[0]
+        t = sympy.tanh(softplus(u))
+        return t + u * sigmoid(u) * (1 - t**2)
+
+    def elementary(self):
+        u = self.args[0]
+        return u * sympy.tanh(sympy.log(1 + sympy.exp(u)))
+
+
+class silu(ForwardKernel):  # noqa: N801
+    """``u*sigmoid(u)``."""
+
+    @staticmethod
+    def _imp_(u):
+        u = mpmath.mpmathify(u)
+        return u * sigmoid._imp_(u)
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        u = self.args[0]
+        return sigmoid(u) * (1 + u * sigmoid(-u))
+
+    def elementary(self):
+        u = self.args[0]
+        return u / (1 + sympy.exp(-u))
+
+
+class log_sigmoid(ForwardKernel):  # noqa: N801
+    """``-softplus(-u)``, that is ``log(sigmoid(u))``."""
+
+    @staticmethod
+    def _imp_(u):
+        return -softplus._imp_(-mpmath.mpmathify(u))
+
+    def fdiff(self, argindex=1):
+        if argindex != 1:
+            raise ArgumentIndexError(self, argindex)
+        return sigmoid(-self.args[0])
+
+    def _eval_is_positive(self):
+        return False if self.args[0].is_extended_real else None
+
+    def elementary(self):
+        return -sympy.log(1 + sympy.exp(-self.args[0]))
 
 
 class ndtr(StableFunction):  # noqa: N801
@@ -1216,6 +1285,9 @@ def _float32_error(f, eps: float) -> float:
 STABLE_FUNCTIONS = (
     softplus,
     sigmoid,
+    mish,
+    silu,
+    log_sigmoid,
     ndtr,
     erfcx,
     log_ndtr,

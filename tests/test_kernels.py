@@ -3,13 +3,14 @@ branch that calls it only while autograd does not record."""
 
 from __future__ import annotations
 
+import mpmath
 import pytest
 import sympy
 import torch
 
 from symgrad import stable_functions as sf
 from symgrad.api import generate_source
-from symgrad.kernels import KERNELS, first_order_kernel
+from symgrad.kernels import FORWARD_KERNELS, KERNELS, first_order_kernel, with_forward_kernels
 
 X, Y = sympy.symbols("x y", real=True)
 S = sf.sigmoid
@@ -164,8 +165,6 @@ def test_generated_backward_calls_the_kernel_only_when_not_recording(expr, kerne
     [
         ("x**2", {}),
         ("x/(1+exp(-x))", {"fuse": True}),  # one compiled kernel already
-        # Mish: mish_backward is slower than the derivative --save speed returns
-        ("x*tanh(log(1+exp(x)))", {"save": "speed"}),
         ("y*x/(1+exp(-x))", {}),  # two inputs: not the kernel's alone
         ("sum(log(1+exp(x)))", {}),  # a reduction
         ("x/(1+exp(-x)), x**2", {}),  # two outputs reach x
@@ -175,14 +174,20 @@ def test_no_kernel_branch_where_it_would_not_be_the_whole_gradient(expr, options
     assert "torch.ops.aten." not in generate_source(expr, "Other", **options)
 
 
-def test_save_speed_leaves_a_kernels_derivative_to_backward():
+@pytest.mark.parametrize(
+    "expr, kernel",
+    [("x/(1+exp(-x))", "silu"), ("x*tanh(log(1+exp(x)))", "mish")],
+)
+def test_save_speed_leaves_a_kernels_derivative_to_backward(expr, kernel):
     """--save speed returns no derivative that one kernel computes in backward: the kernel
     is faster than computing it in forward and multiplying (SiLU at 1e7: 13.8 ms against
-    21.4), and saves nothing more."""
-    speed = generate_source("x/(1+exp(-x))", "Act", save="speed")
+    21.4), and saves nothing more. Forward runs the activation's own kernel
+    (kernels.FORWARD_KERNELS), whose work no derivative could share anyway."""
+    speed = generate_source(expr, "Act", save="speed")
     # (Forward returns no dresult_dx: only the input is saved.)
-    assert "torch.ops.aten.silu_backward(" in speed and '"saved": ["x"],' in speed
-    memory = generate_source("x/(1+exp(-x))", "Act")
+    assert f"torch.ops.aten.{kernel}_backward(" in speed and '"saved": ["x"],' in speed
+    assert f"return torch.nn.functional.{kernel}(x)" in speed
+    memory = generate_source(expr, "Act")
     body = lambda source: source[source.index("class _ActNoJvp") :]  # noqa: E731
     assert body(speed) == body(memory)
 
@@ -238,3 +243,120 @@ def test_forward_ad_through_silu_and_mish_backward_fails_as_with_torchs_own(expr
     (first,) = torch.autograd.grad(torch_function(x).sum(), x, create_graph=True)
     (second,) = torch.autograd.grad(first.sum(), x)
     torch.testing.assert_close(tangent, second, rtol=1e-12, atol=1e-15)
+
+
+# -- forward kernels (kernels.FORWARD_KERNELS) ------------------------------------------
+
+SP = sf.softplus
+
+
+@pytest.mark.parametrize(
+    "expr, expected",
+    [
+        (X * sympy.tanh(SP(X)), sf.mish(X)),
+        (X * S(X), sf.silu(X)),
+        (-SP(-X), sf.log_sigmoid(X)),
+        (Y - SP(-X), Y + sf.log_sigmoid(X)),
+        (2 * X * S(X), 2 * sf.silu(X)),
+        ((X + Y) * S(X + Y), sf.silu(X + Y)),
+        (X**2 * S(X), X * sf.silu(X)),  # subs finds the formula inside a power too
+        (Y + X * sympy.tanh(SP(X)), Y + sf.mish(X)),
+        (sympy.Piecewise((X * S(X), X > 0), (X, True)), sympy.Piecewise((sf.silu(X), X > 0), (X, True))),
+        # the call stays: a silu would add a kernel, not replace one
+        (X * S(X) + S(X), X * S(X) + S(X)),
+        (S(X) * (X + 1), S(X) * (X + 1)),  # not the formula
+        (Y * S(X), Y * S(X)),
+        (SP(-X), SP(-X)),  # as many operations either way
+        (sympy.tanh(SP(X)), sympy.tanh(SP(X))),
+    ],
+)
+def test_forward_kernels_replace_whole_formulas_only(expr, expected):
+    assert with_forward_kernels(expr)[0] == expected
+
+
+def test_forward_kernel_functions_are_their_formulas():
+    """Each function's mpmath value, elementary form and derivative are its formula's."""
+    for kernel in FORWARD_KERNELS:
+        applied = kernel.function(X)
+        formula = sf.to_elementary(kernel.formula(X))
+        for point in (-30.5, -3.1, -0.2, 0.0, 0.7, 4.4, 25.0):
+            at = {X: sympy.Float(point, 40)}
+            want = sympy.N(formula.subs(at), 40)
+            for got in (applied.subs(at).evalf(40), sympy.N(applied.elementary().subs(at), 40)):
+                assert abs(got - want) <= 1e-30 * (1 + abs(want))
+            slope = sympy.N(sf.to_elementary(sympy.diff(applied, X)).subs(at), 40)
+            assert abs(slope - sympy.N(sympy.diff(formula, X).subs(at), 40)) <= 1e-30 * (1 + abs(slope))
+
+
+# Float32 inputs where torch.sigmoid underflows to 0 (below -88.7) but exp(x) does not: the
+# formula gave Mish's value 0 there, where F.mish is right.
+_EXTREME = [-1e30, -1e4, -110.0, -103.0, -100.0, -95.0, -92.0, -90.0, -89.0, -88.0, -30.0, -1.0,
+            -1e-8, 0.0, 1e-8, 1.0, 20.0, 88.0, 100.0, 1e4, 1e30]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "expr, exact",
+    [
+        ("x*tanh(log(1+exp(x)))", lambda u: u * mpmath.tanh(mpmath.log1p(mpmath.exp(u)))),
+        ("x/(1+exp(-x))", lambda u: u / (1 + mpmath.exp(-u))),
+        ("log(1/(1+exp(-x)))", lambda u: -mpmath.log1p(mpmath.exp(-u))),
+    ],
+)
+def test_forward_kernels_are_as_accurate_as_torchs_own(expr, exact, dtype):
+    """The generated forward calls the activation's kernel (one pass over memory), and its
+    values are torch's own F.mish, F.silu and F.logsigmoid exactly; against 50-digit mpmath
+    they are within 1e-5 (float32) and 1e-13 (float64) wherever the value is a normal
+    float, except where torch's own kernel underflows (F.silu below -88.7 in float32)."""
+    namespace = _module(expr, "Act")
+    source = generate_source(expr, "Act")
+    kernel = {"x*tanh": "mish", "x/(1+e": "silu", "log(1/": "logsigmoid"}[expr[:6]]
+    assert f"return torch.nn.functional.{kernel}(x)" in source
+    x = torch.tensor(_EXTREME, dtype=dtype)
+    got = namespace["act"](x)
+    torch.testing.assert_close(got, getattr(torch.nn.functional, kernel)(x), rtol=0, atol=0)
+    info = torch.finfo(dtype)
+    with mpmath.workdps(50):
+        for point, value in zip(x.tolist(), got.tolist()):
+            want = exact(mpmath.mpf(point))
+            if kernel == "silu" and dtype == torch.float32 and point < -88.7:
+                continue  # (F.silu's own exp(-x) overflows there; see the README)
+            if abs(want) < info.tiny:
+                continue  # a subnormal value: a few bits, each step rounding them
+            rtol = 1e-5 if dtype == torch.float32 else 1e-13  # (exp(x) itself may be subnormal)
+            assert abs(value - want) <= rtol * abs(want), (point, value, want)
+
+
+def test_mish_is_right_where_sigmoid_underflows():
+    """Before FORWARD_KERNELS, Mish's forward came from torch.sigmoid, 0 for x in (-103.9,
+    -88.7) in float32, where x*tanh(softplus(x)) is -1.98e-37 at -89 (found by an accuracy
+    hunt, the README's open list)."""
+    namespace = _module("x*tanh(log(1+exp(x)))", "Act")
+    x = torch.tensor([-89.0, -92.0, -95.0], dtype=torch.float32)
+    got = namespace["act"](x)
+    want = torch.tensor([-1.9824e-37, -1.0202e-38, -5.2451e-40], dtype=torch.float32)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("options", [{"fuse": True}, {"fuse": True, "save": "speed"}])
+def test_fused_bodies_keep_the_formula(options):
+    """Inductor compiles the formula into its one kernel: no activation call there."""
+    source = generate_source("x*tanh(log(1+exp(x)))", "Act", **options)
+    assert "torch.nn.functional.mish" not in source
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_forward_kernels_in_half_precision(dtype):
+    """ATen's kernels compute in float32 for float16 and bfloat16 and round once."""
+    for expr, kernel in (
+        ("x*tanh(log(1+exp(x)))", torch.nn.functional.mish),
+        ("x/(1+exp(-x))", torch.nn.functional.silu),
+        ("log(1/(1+exp(-x)))", torch.nn.functional.logsigmoid),
+    ):
+        namespace = _module(expr, "Act")
+        x = torch.linspace(-12, 12, 49, dtype=dtype, requires_grad=True)
+        y = namespace["act"](x)
+        assert y.dtype == dtype
+        torch.testing.assert_close(y, kernel(x), rtol=0, atol=0)
+        (grad,) = torch.autograd.grad(y.sum(), x)
+        assert grad.dtype == dtype and torch.isfinite(grad).all()

@@ -91,6 +91,10 @@ EXTRA = {
     sf.hypot_excess: (sf.hypot_excess(X, Y), POSITIVE_PAIRS + [(1e-9, 2.0), (-1e200, 1e200)]),
     sf.norm_ratio: (sf.norm_ratio(X, sf.hypot(X, Y)), POSITIVE_PAIRS + [(-1e-300, 1e-300), (3e200, -4e200)]),
     sf.finite: (sf.finite(X), [0.0, -1e-300, 3.0, -1e300]),
+    # (forward only: kernels.FORWARD_KERNELS)
+    sf.mish: (sf.mish(X), ALL_REALS + [-30.0, 1e-8, 50.0]),
+    sf.silu: (sf.silu(X), ALL_REALS + [-30.0, 1e-8, 50.0]),
+    sf.log_sigmoid: (sf.log_sigmoid(X), ALL_REALS + [-50.0, 1e-8, 30.0]),
     # (printed on its own, its numbers a and p passed as they are: its switch points need them)
     sf.power_excess: (sf.power_excess(X, 2, sympy.Rational(3, 2)), [0.0, 1e-9, -1e-9, 0.5, -1.9, 3.0, 100.0, 1e10]),
 }
