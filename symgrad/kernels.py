@@ -214,7 +214,7 @@ def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
 
 
 @dataclass(frozen=True)
-class ForwardKernel:
+class ForwardKernelRule:
     """One ATen activation kernel for forward bodies: the SymPy function printed as its
     call (stable_functions.ForwardKernel), the transcendental call its formula makes, of an
     argument ``u``, and how to find ``u`` from a node that may be that call."""
@@ -236,14 +236,14 @@ class ForwardKernel:
 # min(u, 0) - log1p(exp(-|u|)). Fused bodies keep the formula: inductor compiles it into
 # its one kernel anyway.
 FORWARD_KERNELS = (
-    ForwardKernel(
+    ForwardKernelRule(
         mish,
         lambda u: u * sympy.tanh(softplus(u)),
         lambda u: softplus(u),
         lambda node: node.args[0].args[0] if isinstance(node, sympy.tanh) and isinstance(node.args[0], softplus) else None,
     ),
-    ForwardKernel(silu, lambda u: u * sigmoid(u), sigmoid, lambda node: node.args[0] if isinstance(node, sigmoid) else None),
-    ForwardKernel(
+    ForwardKernelRule(silu, lambda u: u * sigmoid(u), sigmoid, lambda node: node.args[0] if isinstance(node, sigmoid) else None),
+    ForwardKernelRule(
         log_sigmoid,
         lambda u: -softplus(-u),
         lambda u: softplus(-u),
@@ -252,22 +252,25 @@ FORWARD_KERNELS = (
 )
 
 
-def with_forward_kernels(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
+def with_forward_kernels(expr: sympy.Expr, others: tuple[sympy.Expr, ...] = ()) -> tuple[sympy.Expr, frozenset[str]]:
     """``expr`` with each FORWARD_KERNELS formula as the kernel's function, and the names of
-    the functions used.
+    the functions used; ``others``: the other outputs forward computes with it.
 
-    A formula is replaced only where its transcendental call is then gone from ``expr``
-    (x*sigmoid(x) + sigmoid(x) keeps its one sigmoid and a product, cheaper than the sigmoid
-    and a silu) and the expression has fewer operations (-softplus(-x) becomes
-    log_sigmoid(x), softplus(-x) stays). ``subs`` finds a formula inside a product or a
-    power too: x**2*sigmoid(x) is x*silu(x).
+    A formula is replaced only where its transcendental call is then gone from ``expr`` and
+    ``others`` (x*sigmoid(x) + sigmoid(x), or a second output sigmoid(x), keeps its one
+    sigmoid and a product, cheaper than the sigmoid and a silu; found in review) and the
+    expression has fewer operations (-softplus(-x) becomes log_sigmoid(x), softplus(-x)
+    stays). ``subs`` finds a formula inside a product or a power too: x**2*sigmoid(x) is
+    x*silu(x).
     """
     used = set()
     for kernel in FORWARD_KERNELS:
         arguments = {kernel.argument(node) for node in sympy.preorder_traversal(expr)} - {None}
         for u in sorted(arguments, key=sympy.default_sort_key):
             candidate = expr.subs(kernel.formula(u), kernel.function(u))
-            if candidate.has(kernel.inner(u)) or sympy.count_ops(candidate) >= sympy.count_ops(expr):
+            if any(e.has(kernel.inner(u)) for e in (candidate, *others)):
+                continue
+            if sympy.count_ops(candidate) >= sympy.count_ops(expr):
                 continue
             expr = candidate
             used.add(kernel.function.__name__)

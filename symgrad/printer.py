@@ -111,10 +111,11 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     # rounding of x; below it, log1p(exp(x)) cannot overflow in float32.
     softplus: lambda args: f"torch.nn.functional.softplus({args[0]}, threshold=40.0)",
     sigmoid: _call("torch.sigmoid"),
-    # Forward bodies only (kernels.FORWARD_KERNELS): each one ATen kernel.
-    mish: _call("torch.nn.functional.mish"),
-    silu: _call("torch.nn.functional.silu"),
-    log_sigmoid: _call("torch.nn.functional.logsigmoid"),
+    # Forward bodies only (kernels.FORWARD_KERNELS): each one ATen kernel, which has no
+    # integer or bool implementation, where the formula's torch.sigmoid promotes (_floating).
+    mish: lambda args: f"torch.nn.functional.mish(_floating({args[0]}))",
+    silu: lambda args: f"torch.nn.functional.silu(_floating({args[0]}))",
+    log_sigmoid: lambda args: f"torch.nn.functional.logsigmoid(_floating({args[0]}))",
     # Not torch.special.ndtr: in torch 2.13 it returns 0 below about -10 (and loses all
     # accuracy near -5 in float32); erfc of the negated, scaled argument keeps both tails.
     ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {_as_atom(args[0])})",
@@ -168,6 +169,12 @@ HELPERS: dict[str, tuple[str, ...]] = {
         "        return torch.sigmoid(u)",
         "    exp_minus_abs = torch.exp(torch.where(u > 0, -u, u))",
         "    return torch.where(u > 0, 1, exp_minus_abs) / (1 + exp_minus_abs)",
+    ),
+    "_floating": (
+        "def _floating(u):",
+        '    """``u``, an integer or bool tensor as the default float dtype (as torch.sigmoid',
+        "    promotes it): F.mish, F.silu and F.logsigmoid have no integer kernel.\"\"\"",
+        "    return u if u.is_floating_point() else u.to(torch.get_default_dtype())",
     ),
     "_erfcx": _half_in_float32("torch.special.erfcx", "_erfcx"),
     "_log_ndtr": _half_in_float32("torch.special.log_ndtr", "_log_ndtr"),

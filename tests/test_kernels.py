@@ -186,7 +186,7 @@ def test_save_speed_leaves_a_kernels_derivative_to_backward(expr, kernel):
     speed = generate_source(expr, "Act", save="speed")
     # (Forward returns no dresult_dx: only the input is saved.)
     assert f"torch.ops.aten.{kernel}_backward(" in speed and '"saved": ["x"],' in speed
-    assert f"return torch.nn.functional.{kernel}(x)" in speed
+    assert f"torch.nn.functional.{kernel}(_floating(x))" in speed
     memory = generate_source(expr, "Act")
     body = lambda source: source[source.index("class _ActNoJvp") :]  # noqa: E731
     assert body(speed) == body(memory)
@@ -311,7 +311,7 @@ def test_forward_kernels_are_as_accurate_as_torchs_own(expr, exact, dtype):
     namespace = _module(expr, "Act")
     source = generate_source(expr, "Act")
     kernel = {"x*tanh": "mish", "x/(1+e": "silu", "log(1/": "logsigmoid"}[expr[:6]]
-    assert f"return torch.nn.functional.{kernel}(x)" in source
+    assert f"torch.nn.functional.{kernel}(_floating(x))" in source
     x = torch.tensor(_EXTREME, dtype=dtype)
     got = namespace["act"](x)
     torch.testing.assert_close(got, getattr(torch.nn.functional, kernel)(x), rtol=0, atol=0)
@@ -360,3 +360,34 @@ def test_forward_kernels_in_half_precision(dtype):
         torch.testing.assert_close(y, kernel(x), rtol=0, atol=0)
         (grad,) = torch.autograd.grad(y.sum(), x)
         assert grad.dtype == dtype and torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize(
+    "expr, options",
+    [
+        # another output still needs the call: the kernel would add work (found in review)
+        ("x*tanh(log(1+exp(x))), tanh(log(1+exp(x)))", {}),
+        ("log(1/(1+exp(-x))), log(1+exp(-x))", {}),
+        # --save speed returns a derivative that shares the formula's work (found in review)
+        ("sum(x*tanh(log(1+exp(x))))", {"save": "speed"}),
+        ("exp(x*tanh(log(1+exp(x))))", {"save": "speed"}),
+        ("y*x/(1+exp(-x))", {"save": "speed"}),
+    ],
+)
+def test_no_forward_kernel_where_it_adds_work(expr, options):
+    source = generate_source(expr, "Act", **options)
+    assert "_floating(" not in source
+    if options:
+        assert "dresult_dx" in source.split('"saved":')[1].split("\n")[0]
+
+
+@pytest.mark.parametrize("expr", ["x/(1+exp(-x))", "x*tanh(log(1+exp(x)))"])
+def test_forward_kernels_take_integer_and_bool_inputs(expr):
+    """F.silu and F.mish have no integer kernel; the formula's torch.sigmoid promotes
+    (found in review: NotImplementedError for 'Long')."""
+    namespace = _module(expr, "Act")
+    kernel = torch.nn.functional.silu if expr.startswith("x/") else torch.nn.functional.mish
+    for x in (torch.tensor([-2, 0, 3]), torch.tensor([True, False])):
+        got = namespace["act"](x)
+        assert got.dtype == torch.get_default_dtype()
+        torch.testing.assert_close(got, kernel(x.to(torch.get_default_dtype())))
