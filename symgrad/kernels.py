@@ -57,11 +57,7 @@ KERNELS = (
     # threshold, where sigmoid(u) is 1 in float64 already (1 - 4e-18 at 40).
     Kernel("softplus", sigmoid, "torch.ops.aten.softplus_backward({grad}, {u}, 1.0, 40.0)"),
     # d/du u*sigmoid(u) = s*(1 + u*(1 - s)): the formula symgrad prints, in one kernel.
-    Kernel(
-        "silu",
-        lambda u: sigmoid(u) * (1 + u * (1 - sigmoid(u))),
-        "torch.ops.aten.silu_backward({grad}, {u})",
-    ),
+    Kernel("silu", lambda u: silu(u).fdiff(), "torch.ops.aten.silu_backward({grad}, {u})"),
     # d/du sigmoid(u) = sigmoid(u)*sigmoid(-u): softplus_backward with beta = -1 computes
     # g*sigmoid(-u) as g*z/(z + 1) with z = exp(-u), accurate on both sides as softplus's,
     # so two calls give the product in two passes (11.2 ms at 1e7, against 15.1 for
@@ -90,7 +86,7 @@ KERNELS = (
     # shares nothing, so --save speed leaves the derivative to this kernel too.)
     Kernel(
         "mish",
-        lambda u: sympy.tanh(softplus(u)) + u * sigmoid(u) * (1 - sympy.tanh(softplus(u)) ** 2),
+        lambda u: mish(u).fdiff(),
         "torch.ops.aten.mish_backward({grad}, {u})",
     ),
 )

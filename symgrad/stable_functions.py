@@ -185,7 +185,8 @@ class silu(ForwardKernel):  # noqa: N801
         if argindex != 1:
             raise ArgumentIndexError(self, argindex)
         u = self.args[0]
-        return sigmoid(u) * (1 + u * sigmoid(-u))
+        # (as derive writes SiLU's gradient: kernels.KERNELS matches silu_backward against this)
+        return sigmoid(u) * (1 + u * (1 - sigmoid(u)))
 
     def elementary(self):
         u = self.args[0]
