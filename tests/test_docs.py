@@ -77,3 +77,16 @@ def test_relative_links_resolve(page):
         assert path.exists(), f"{page.relative_to(ROOT)} links to a missing {target}"
         if anchor and path.suffix == ".md":
             assert anchor in _anchors(path), f"{page.relative_to(ROOT)} links to a missing {target}{anchor}"
+
+
+def test_usage_lists_every_supported_function():
+    """docs/usage.md's table names every function `symgrad --list-functions` prints."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "symgrad", "--list-functions"], capture_output=True, text=True, timeout=120
+    )
+    assert listing.returncode == 0, listing.stderr
+    names = [line.split()[0] for line in listing.stdout.splitlines() if line.strip()]
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    table = usage[usage.index("## Supported functions") :]
+    missing = [name for name in names if not re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", table)]
+    assert names and not missing, f"docs/usage.md's table lacks {missing}"
