@@ -12,9 +12,9 @@ from .errors import SymgradError
 from .naming import check_class_name
 from .parse import parse_spec
 from .plan import make_plan
-from .render import render, template_dir, template_fingerprint, template_name
+from .codegen.render import render, template_dir, template_fingerprint, template_name
 from .spec import SAVE_POLICIES, Spec
-from .write import Header, compose, write_if_changed
+from .codegen.write import Header, compose, write_if_changed
 
 
 def build_spec(

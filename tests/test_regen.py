@@ -1,7 +1,7 @@
 """Regenerate after edits: the recorded spec, `symgrad regen`, `symgrad check`, hand-edit
 protection, atomic writes and `--templates` (issue 3).
 
-The CLI runs in-process (``symgrad.cli.main``) from a temporary working directory: the
+The CLI runs in-process (``symgrad.cli.main.main``) from a temporary working directory: the
 same code as the ``symgrad`` command, without paying for a fresh interpreter per call.
 
 Error contract, as in test_cli.py: exit code 2, exactly one line `symgrad: error: ...` on
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from symgrad import Spec, generate_source
-from symgrad import write as write_module
-from symgrad.cli import main
-from symgrad.render import builtin_template_dir
-from symgrad.write import content_hash, is_hand_edited, read_spec
+from symgrad.codegen import write as write_module
+from symgrad.cli.main import main
+from symgrad.codegen.render import builtin_template_dir
+from symgrad.codegen.write import content_hash, is_hand_edited, read_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from symgrad.printer import HELPERS
+from symgrad.codegen.printer import HELPERS
 from symgrad.runtime import helpers as h
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import black
 import jinja2
 
-from .errors import SymgradError
-from .plan import Plan
+from ..errors import SymgradError
+from ..plan import Plan
 from .printer import HELPERS
 
 FUNCTION_TEMPLATE = "function.py.jinja"

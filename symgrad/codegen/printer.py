@@ -20,8 +20,8 @@ from sympy.core.function import _coeff_isneg
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
-from .errors import SymgradError
-from .stable_functions import (
+from ..errors import SymgradError
+from ..stable_functions import (
     erfcx,
     finite,
     guard,
