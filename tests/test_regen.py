@@ -381,6 +381,25 @@ def test_templates_override_is_recorded_and_reused(cli, tmp_path, monkeypatch):
     assert "import torch  # house style v2\n" in path.read_text()
 
 
+@pytest.mark.parametrize(
+    ("args", "call"),
+    [
+        (("x**3", "Cube"), {}),
+        (("alpha*x*y", "Blend"), {"params": ["alpha"]}),
+        (("tanh(x)", "TanhFused"), {"fuse": True}),
+        (("exp(x)", "Exp_"), {"inplace": True}),
+    ],
+)
+def test_module_docstring_names_the_entry_point(args, call):
+    """The module docstring describes the function and says what to call, not how it was made."""
+    source = generate_source(*args, **call)
+    docstring = source.split('"""')[1]
+    alias = {"Cube": "cube(x)", "Blend": "blend(x, y, alpha)", "TanhFused": "tanh_fused(x)", "Exp_": "exp_(x)"}
+    assert docstring.startswith(f"{args[1]}: ") and "symgrad" not in docstring.splitlines()[0]
+    assert f"Call `{alias[args[1]]}`" in docstring
+    assert "\nf(" in docstring  # the function itself
+
+
 def test_fingerprint_covers_the_macros_a_template_imports(tmp_path):
     """Every built-in template imports _macros.jinja: a change there makes every module
     stale, as a change to the template itself does."""

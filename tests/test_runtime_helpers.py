@@ -29,6 +29,16 @@ def test_helpers_are_the_runtime_functions_source():
     assert namespace["_round_to"](torch.float16, torch.ones(2)).dtype == torch.float16
 
 
+@pytest.mark.parametrize("name", sorted(HELPERS))
+def test_each_helper_has_a_one_line_docstring(name):
+    """A generated module gets the one line; the reasons stay in this package, as the
+    comment above each function."""
+    (function,) = ast.parse("\n".join(HELPERS[name])).body
+    docstring = ast.get_docstring(function, clean=False)
+    assert docstring and "\n" not in docstring, name
+    assert HELPERS[name][1].strip() == f'"""{docstring}"""'
+
+
 def test_sigmoid_eager_and_cpu_is_torch_sigmoid():
     u = torch.linspace(-60, 60, 101, dtype=torch.float32)
     assert torch.equal(h._sigmoid(u), torch.sigmoid(u))
