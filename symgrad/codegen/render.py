@@ -139,7 +139,7 @@ def _check_contract(plan: Plan, source: str, name: str) -> None:
     if forward is None or any(_is_in_place_call(node) for node in ast.walk(forward)):
         raise SymgradError(
             f"template {name!r} does not give {plan.no_jvp_class} the out-of-place forward:"
-            " print plan.compiled_forward there (see symgrad's templates/function.py.jinja)"
+            " print plan.compiled_forward there (see symgrad's templates/_macros.jinja)"
         )
 
 
