@@ -50,7 +50,7 @@ def _digest(job: tuple[str, dict]) -> str:
     label, args = job
     import symgrad
     from symgrad.api import source_for_spec
-    from symgrad.write import read_spec
+    from symgrad.codegen.write import read_spec
 
     try:
         if "file" in args:

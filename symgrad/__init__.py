@@ -1,4 +1,20 @@
-"""symgrad: verified, readable torch.autograd.Function code from a SymPy expression."""
+"""symgrad: verified, readable torch.autograd.Function code from a SymPy expression.
+
+The Python API:
+
+- :func:`generate_source` returns a generated module's text;
+- :func:`build_spec` validates the arguments into a :class:`Spec`, and
+  :func:`generate_file` writes its module into a folder (only when the text changed);
+- :class:`SymgradError` is the one exception for bad input, with a one-line message.
+
+>>> import symgrad
+>>> source = symgrad.generate_source("sqrt(x)+1/x", "SqrtInverse")
+>>> "def sqrt_inverse(x):" in source
+True
+
+The ``symgrad`` command (``symgrad EXPR --name NAME``, ``symgrad build``, ``regen``,
+``check``) is :mod:`symgrad.cli`.
+"""
 
 from __future__ import annotations
 

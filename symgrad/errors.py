@@ -9,6 +9,18 @@ class SymgradError(ValueError):
     The message is one line, ready for ``symgrad: error: ...``. For syntax errors
     ``caret`` holds the expression with a caret under the offending column, which the
     CLI prints below the message.
+
+    >>> from symgrad import generate_source
+    >>> try:
+    ...     generate_source("x**", "Broken")
+    ... except SymgradError as error:
+    ...     print(error)
+    ...     print(error.caret)
+    invalid syntax at column 4: the expression ends too early (an operand is missing)
+        x**
+           ^
+
+    It is a ``ValueError``, so code that already catches bad values catches it too.
     """
 
     def __init__(self, message: str, *, caret: str | None = None) -> None:

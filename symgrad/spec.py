@@ -18,7 +18,16 @@ SAVE_POLICIES = ("memory", "speed")
 
 @dataclass(frozen=True)
 class Spec:
-    """One function to generate.
+    """One function to generate: what the user asked for, before any math is done.
+
+    Build one with :func:`symgrad.build_spec`, which validates the arguments. Its JSON form
+    is the ``# symgrad-spec:`` line of a generated file's header:
+
+    >>> spec = Spec(expr="x**2", name="Square")
+    >>> spec.to_json()
+    '{"expr": "x**2", "name": "Square"}'
+    >>> Spec.from_json(spec.to_json()) == spec
+    True
 
     Args:
         expr: the expression text, e.g. ``"sqrt(x)+1/x"``; a tuple gives several outputs.

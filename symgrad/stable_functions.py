@@ -451,7 +451,7 @@ class ExpandedFunction(StableFunction):
     def torch_code(cls, printer, args: list[str], values: tuple[sympy.Expr, ...] = ()) -> str:
         """:meth:`expanded`, printed with the arguments' code (``values``: the arguments
         themselves; a number among them is passed as it is, as power_excess's bounds need)."""
-        from .printer import numbers_to_floats  # printer imports this module
+        from .codegen.printer import numbers_to_floats  # printer imports this module
 
         values = values or (None,) * len(args)
         placeholders = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from symgrad.cli import main
+from symgrad.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "generated"

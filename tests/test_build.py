@@ -1,6 +1,6 @@
 """Many functions at once: `symgrad build` from the `[tool.symgrad]` table (issue 3).
 
-The CLI runs in-process (``symgrad.cli.main``) from a temporary working directory.
+The CLI runs in-process (``symgrad.cli.main.main``) from a temporary working directory.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from symgrad import Spec, generate_source
-from symgrad.config import load_targets
-from symgrad.render import builtin_template_dir
-from symgrad.write import read_spec
+from symgrad.cli.config import load_targets
+from symgrad.codegen.render import builtin_template_dir
+from symgrad.codegen.write import read_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

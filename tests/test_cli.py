@@ -68,7 +68,7 @@ def _run_command_and_report(args: list[str], report: str, cwd: Path) -> subproce
 def test_command_imports_neither_torch_nor_sympy_units(tmp_path):
     """Generating costs little more than importing sympy, jinja2 and black: torch is not
     imported, nor sympy.physics.units, which sympy.simplify imports only to look for a
-    physical Quantity (0.4 s of a 1.8 s run, symgrad.cli._skip_sympy_units_import). The
+    physical Quantity (0.4 s of a 1.8 s run, symgrad.cli.main._skip_sympy_units_import). The
     module is the same as the library writes, which imports the real sympy.physics.units."""
     args = ["log(1+exp(x))*sqrt(x)+1/x", "--name", "Case", "--stdout"]
     report = "type(sys.modules.get('sympy.physics.units')).__name__, 'torch' in sys.modules"
@@ -83,7 +83,7 @@ def test_sympy_units_stand_in_hands_out_the_real_module():
     module's, imported on first use."""
     code = (
         "import sys\n"
-        "from symgrad.cli import _skip_sympy_units_import\n"
+        "from symgrad.cli.main import _skip_sympy_units_import\n"
         "_skip_sympy_units_import()\n"
         "from sympy.physics.units import kilo, meter\n"
         "assert type(sys.modules['sympy.physics.units']).__name__ == 'module'\n"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from symgrad.api import build_spec, source_for_spec
-from symgrad.write import is_hand_edited, read_spec
+from symgrad.codegen.write import is_hand_edited, read_spec
 
 ROUNDS = 150
 WRITERS = 3
@@ -34,7 +34,7 @@ WRITER = textwrap.dedent(
     import sys
     from pathlib import Path
     from symgrad.api import build_spec, output_path, source_for_spec
-    from symgrad.write import ensure_package, write_if_changed
+    from symgrad.codegen.write import ensure_package, write_if_changed
 
     out, me, rounds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     exprs = {exprs!r}
@@ -54,7 +54,7 @@ READER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from symgrad.write import is_hand_edited
+    from symgrad.codegen.write import is_hand_edited
 
     out, stop = Path(sys.argv[1]), Path(sys.argv[2])
     reads = bad = 0

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from symgrad.cli import main
+from symgrad.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = ["0", "1", "12345", "random"]

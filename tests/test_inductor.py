@@ -78,7 +78,7 @@ def test_inductor_kernels_are_accurate_except_those_fused_bodies_avoid(dtype, de
     be one the bodies avoid: the list is written into generated files, which must stay
     accurate on every torch they run on."""
     from symgrad.plan import INDUCTOR_INACCURATE, INDUCTOR_LESS_ACCURATE_HELPERS
-    from symgrad.printer import COMPILED_CALLS, PRINTERS
+    from symgrad.codegen.printer import COMPILED_CALLS, PRINTERS
 
     functions = _printed_functions()
     inputs = [torch.tensor(points, dtype=dtype, device=device).repeat_interleave(16) for _, _, points in functions]

@@ -20,7 +20,7 @@ from symgrad import stable_functions as sf
 from symgrad.errors import SymgradError
 from symgrad.functions import FUNCTIONS, REDUCTIONS
 from symgrad.inplace import reuse_buffers
-from symgrad.printer import HELPERS, PRINTERS, print_torch
+from symgrad.codegen.printer import HELPERS, PRINTERS, print_torch
 from symgrad.stable import stabilize
 
 X, Y = sympy.symbols("x y", real=True)

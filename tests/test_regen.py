@@ -1,7 +1,7 @@
 """Regenerate after edits: the recorded spec, `symgrad regen`, `symgrad check`, hand-edit
 protection, atomic writes and `--templates` (issue 3).
 
-The CLI runs in-process (``symgrad.cli.main``) from a temporary working directory: the
+The CLI runs in-process (``symgrad.cli.main.main``) from a temporary working directory: the
 same code as the ``symgrad`` command, without paying for a fresh interpreter per call.
 
 Error contract, as in test_cli.py: exit code 2, exactly one line `symgrad: error: ...` on
@@ -10,6 +10,7 @@ stderr, nothing written or changed.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import shutil
 from pathlib import Path
@@ -17,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from symgrad import Spec, generate_source
-from symgrad import write as write_module
-from symgrad.cli import main
-from symgrad.render import builtin_template_dir
-from symgrad.write import content_hash, is_hand_edited, read_spec
+from symgrad.cli.main import main
+from symgrad.codegen import write as write_module
+from symgrad.codegen.render import builtin_template_dir, template_fingerprint
+from symgrad.codegen.write import content_hash, is_hand_edited, read_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -380,6 +381,48 @@ def test_templates_override_is_recorded_and_reused(cli, tmp_path, monkeypatch):
     assert "import torch  # house style v2\n" in path.read_text()
 
 
+@pytest.mark.parametrize(
+    ("args", "call"),
+    [
+        (("x**3", "Cube"), {}),
+        (("alpha*x*y", "Blend"), {"params": ["alpha"]}),
+        (("tanh(x)", "TanhFused"), {"fuse": True}),
+        (("exp(x)", "Exp_"), {"inplace": True}),
+    ],
+)
+def test_module_docstring_names_the_entry_point(args, call):
+    """The module docstring describes the function and says what to call, not how it was made."""
+    source = generate_source(*args, **call)
+    docstring = source.split('"""')[1]
+    alias = {"Cube": "cube(x)", "Blend": "blend(x, y, alpha)", "TanhFused": "tanh_fused(x)", "Exp_": "exp_(x)"}
+    assert docstring.startswith(f"{args[1]}: ") and "symgrad" not in docstring.splitlines()[0]
+    assert f"Call `{alias[args[1]]}`" in docstring
+    assert "\nf(" in docstring  # the function itself
+
+
+def test_fingerprint_covers_the_macros_a_template_imports(tmp_path):
+    """Every built-in template imports _macros.jinja: a change there makes every module
+    stale, as a change to the template itself does."""
+    folder = custom_templates(tmp_path / "style", "house style")
+    names = ("function.py.jinja", "fused.py.jinja", "inplace.py.jinja")
+    before = [template_fingerprint(folder, name) for name in names]
+    macros = folder / "_macros.jinja"
+    macros.write_text(macros.read_text().replace("__symgrad__ =", "__symgrad__  =", 1))
+    after = [template_fingerprint(folder, name) for name in names]
+    assert all(b != a for b, a in zip(before, after))
+    # A template that imports nothing hashes as its own text alone.
+    (folder / "plain.jinja").write_text("x = 1\n")
+    text = b"plain.jinja\0x = 1\n"
+    assert template_fingerprint(folder, "plain.jinja") == hashlib.sha256(text).hexdigest()[:16]
+
+
+def test_custom_templates_without_the_macros_are_refused(cli, tmp_path):
+    folder = custom_templates(tmp_path / "old", "no macros")
+    (folder / "_macros.jinja").unlink()
+    assert_error(cli("x**2", "--name", "Square", "--templates", "old"), "template '_macros.jinja' not found in ")
+    assert not (tmp_path / "generated").exists()
+
+
 def test_missing_recorded_templates_fail_regen_and_check(cli, tmp_path):
     custom_templates(tmp_path / "style", "house style")
     assert cli("x**2", "--name", "Square", "--templates", "style")[0] == 0
@@ -414,7 +457,7 @@ def test_template_without_the_fused_helpers_is_refused(cli, tmp_path):
     write a module whose bodies call an undefined helper (_sigmoid; and _float32_for_half,
     in every body of more than one operation): refused, nothing written."""
     folder = custom_templates(tmp_path / "old", "before helpers")
-    _without(folder, "fused.py.jinja", "{% for line in plan.helpers %}", "def {{ plan.fused.forward_name }}")
+    _without(folder, "fused.py.jinja", "{% for line in plan.helpers %}", "{{ m.function(plan.fused.forward_name")
     assert_error(
         cli("tanh(x)", "--name", "TanhFused", "--fuse", "--templates", "old"),
         "template 'fused.py.jinja' calls _float32_for_half without defining it: print plan.helpers"
@@ -439,7 +482,7 @@ def test_function_template_without_helpers_is_refused_where_one_is_called(cli, t
     """log_ndtr and erfcx print as module-level helpers (printer.HELPERS) in every module:
     a custom function.py.jinja from before them is refused where the module calls one."""
     folder = custom_templates(tmp_path / "old", "before helpers")
-    _without(folder, "function.py.jinja", "{% for line in plan.helpers %}", "{# The same in fused.py.jinja. #}")
+    _without(folder, "function.py.jinja", "{% for line in plan.helpers %}", "{{ m.autograd_function(plan) }}")
     assert_error(
         cli("log(erfc(x))", "--name", "LogErfc", "--templates", "old"),
         "template 'function.py.jinja' calls _erfcx without defining it: print plan.helpers",
@@ -469,9 +512,9 @@ def test_template_with_an_in_place_compile_twin_is_refused(cli, tmp_path):
     """A custom function.py.jinja that gives the torch.compile twin the in-place forward
     (plan.forward, not plan.compiled_forward) brings back torch 2.11's zero gradients."""
     folder = custom_templates(tmp_path / "old", "in-place twin")
-    text = (folder / "function.py.jinja").read_text()
-    assert "{% set twin_forward = plan.compiled_forward or plan.forward %}" in text
-    (folder / "function.py.jinja").write_text(text.replace("plan.compiled_forward or plan.forward", "plan.forward"))
+    text = (folder / "_macros.jinja").read_text()
+    assert '{{ static("forward", plan.compiled_forward or plan.forward) }}' in text
+    (folder / "_macros.jinja").write_text(text.replace("plan.compiled_forward or plan.forward", "plan.forward"))
     assert_error(
         cli("x/2*(1+erf(x/sqrt(2)))", "--name", "GELU", "--templates", "old"),
         "template 'function.py.jinja' does not give _GELUNoJvp the out-of-place forward",

@@ -2041,7 +2041,7 @@ def test_cheaper_fused_form_computes_sigmoid_and_tanh_derivatives_with_one_sigmo
     both sides, eager and compiled, as fused bodies print it (printer.HELPERS'
     _sigmoid); tanh itself keeps its kernel."""
     from symgrad.derive import cheaper_fused_form
-    from symgrad.printer import HELPERS, print_torch
+    from symgrad.codegen.printer import HELPERS, print_torch
     from symgrad.stable_functions import sigmoid
 
     x = sympy.Symbol("x", real=True)
@@ -2092,7 +2092,7 @@ def test_compiled_sigmoid_helper_is_exact_where_it_avoids_inductors_kernel():
     here eagerly): values, first and second derivatives through autograd (double backward
     differentiates the bodies) against mpmath in float32 and float64, in both tails and at
     0, where each side's where branch must give the slopes 1/4 and 0."""
-    from symgrad.printer import HELPERS
+    from symgrad.codegen.printer import HELPERS
 
     source = "\n".join(HELPERS["_sigmoid"])
     condition = 'if u.device.type == "cpu" or not torch.compiler.is_compiling():'

@@ -55,7 +55,8 @@ def test_wheel_installs_and_runs_from_elsewhere(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     templates = sorted(p.name for p in (ROOT / "templates").glob("*.jinja"))
     assert templates and all(f"symgrad/templates/{name}" in names for name in templates)
-    assert "symgrad/cli.py" in names and "symgrad/py.typed" in names
+    packaged = ["symgrad/cli/main.py", "symgrad/codegen/render.py", "symgrad/runtime/helpers.py", "symgrad/py.typed"]
+    assert all(name in names for name in packaged)
     assert not any(name.startswith(("templates/", "tests/", "generated/")) for name in names)
 
     venv = tmp_path / "venv"
@@ -76,11 +77,11 @@ def test_wheel_installs_and_runs_from_elsewhere(tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
     located = run(
-        python, "-c", "import symgrad.render as r; print(r.__file__); print(r.builtin_template_dir())", cwd=work
+        python, "-c", "import symgrad.codegen.render as r; print(r.__file__); print(r.builtin_template_dir())", cwd=work
     )
     module_file, template_dir = located.stdout.splitlines()
     assert Path(module_file).resolve().is_relative_to(venv.resolve())
-    assert Path(template_dir).resolve() == (Path(module_file).parent / "templates").resolve()
+    assert Path(template_dir).resolve() == (Path(module_file).parent.parent / "templates").resolve()
 
     symgrad = bin_dir / ("symgrad.exe" if os.name == "nt" else "symgrad")
     assert (

@@ -10,8 +10,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SymgradError
-from .spec import Spec
+from ..errors import SymgradError
+from ..spec import Spec
 
 SPEC_PREFIX = "# symgrad-spec: "
 HASH_PREFIX = "# symgrad-sha256: "

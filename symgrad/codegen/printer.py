@@ -10,6 +10,8 @@ else. Numbers print as Python floats, which follow the tensors' dtype and device
 
 from __future__ import annotations
 
+import ast
+from importlib import resources
 from typing import Callable
 
 import sympy
@@ -18,8 +20,8 @@ from sympy.core.function import _coeff_isneg
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
-from .errors import SymgradError
-from .stable_functions import (
+from ..errors import SymgradError
+from ..stable_functions import (
     erfcx,
     finite,
     guard,
@@ -139,142 +141,25 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
 COMPILED_CALLS: dict[type, str] = {sigmoid: "_sigmoid"}
 
 
-def _half_in_float32(torch_name: str, helper: str) -> tuple[str, ...]:
-    """A helper calling ``torch_name``, which has no float16 or bfloat16 kernel on the CPU
-    (torch 2.13: "not implemented for 'Half'"): those compute in float32 and round back, as
-    ATen's own half kernels do internally."""
-    return (
-        f"def {helper}(u):",
-        f'    """{torch_name}(u), computed in float32 for float16 and bfloat16 inputs."""',
-        "    if u.dtype in (torch.float16, torch.bfloat16):",
-        f"        return {torch_name}(u.float()).to(u.dtype)",
-        f"    return {torch_name}(u)",
-    )
+def _helper_sources() -> dict[str, tuple[str, ...]]:
+    """Each function in :mod:`symgrad.runtime.helpers`, as its source lines, in file order.
+
+    Read as text and sliced with :mod:`ast`, never imported: the helpers import torch, and
+    the generator must not (it runs where torch is slow to import, or absent).
+    """
+    text = (resources.files("symgrad.runtime") / "helpers.py").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    return {
+        node.name: tuple(lines[node.lineno - 1 : node.end_lineno])
+        for node in ast.parse(text).body
+        if isinstance(node, ast.FunctionDef)
+    }
 
 
 # Each module-level helper's source, printed in a generated module whose code calls it
-# (plan.Plan.helpers): PRINTERS' and COMPILED_CALLS' helper names.
-HELPERS: dict[str, tuple[str, ...]] = {
-    "_sigmoid": (
-        "def _sigmoid(u):",
-        '    """torch.sigmoid(u), as accurate compiled as eagerly.',
-        "",
-        "    Inductor's GPU kernel for sigmoid (Triton's tl.sigmoid) uses a fast approximate exp:",
-        "    in float32 it is 9.6 ulps off at |u| = 50 (measured on an H200, torch 2.11), where",
-        "    ATen's kernel is 0.6 ulps off. Written with exp(-|u|) it uses inductor's accurate",
-        "    exp instead (0.8 ulps), and autograd differentiates it exactly on each side of 0.",
-        "    Inductor's CPU kernel, and eager mode anywhere, are accurate: they keep torch.sigmoid.",
-        '    """',
-        '    if u.device.type == "cpu" or not torch.compiler.is_compiling():',
-        "        return torch.sigmoid(u)",
-        "    exp_minus_abs = torch.exp(torch.where(u > 0, -u, u))",
-        "    return torch.where(u > 0, 1, exp_minus_abs) / (1 + exp_minus_abs)",
-    ),
-    "_floating": (
-        "def _floating(u):",
-        '    """``u``, an integer or bool tensor as the default float dtype (as torch.sigmoid',
-        "    promotes it): F.mish, F.silu and F.logsigmoid have no integer kernel.\"\"\"",
-        "    return u if u.is_floating_point() else u.to(torch.get_default_dtype())",
-    ),
-    "_erfcx": _half_in_float32("torch.special.erfcx", "_erfcx"),
-    "_log_ndtr": _half_in_float32("torch.special.log_ndtr", "_log_ndtr"),
-    # Every body of more than one operation computes float16 in float32
-    # (plan._Builder.half_in_float32).
-    "_float32_for_half": (
-        "def _float32_for_half(*values, also=()):",
-        '    """``values``, with float16 tensors as float32, then the dtype to round results back',
-        "    to: torch.float16 where the result is float16, else None (and nothing is converted).",
-        "",
-        "    ATen's own float16 kernels compute in float32 and round once. A formula of several",
-        "    eager operations would round at every step, and its intermediates overflow float16",
-        "    (above 65504) long before its value does: 216*x/(x**2 + 6)**3 was 0 at x = 10,",
-        "    where it is 1.8e-3. (bfloat16 has float32's range, and runs as written.)",
-        "",
-        "    The result is float16 as _half_of decides. ``also``: the decisions of outputs that",
-        "    depend on fewer of ``values``; where one is float16, float16 tensors are converted too.",
-        '    """',
-        "    if not any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in values):",
-        "        return (*values, None)  # (the common case, first: float32 pays 0.5 us here)",
-        "    half = _half_of(*values)",
-        "    if half is None and torch.float16 not in also:",
-        "        return (*values, None)",
-        "    widened = (v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float16 else v for v in values)",
-        "    return (*widened, half)",
-    ),
-    "_half_of": (
-        "def _half_of(*values):",
-        '    """torch.float16 where the result of ``values`` is float16, else None: where every',
-        "    floating tensor with dimensions is float16, or with none, every 0-d one. As in torch's",
-        "    type promotion, a 0-d tensor (a float32 param next to float16 activations) takes the",
-        "    others' dtype. (Each output of a module decides by the tensors it depends on.)",
-        '    """',
-        "    floating = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]",
-        "    deciding = [v for v in floating if v.dim() > 0] or floating",
-        "    return torch.float16 if deciding and all(v.dtype == torch.float16 for v in deciding) else None",
-    ),
-    "_dtype_with": (
-        "def _dtype_with(reference, value):",
-        '    """The dtype for ``value``, a number or tensor param, made a tensor beside ``reference``,',
-        "    an input: the input's where it is floating; else what torch's type promotion gives the",
-        "    two (0.5 with an int64 input is float32, as a Python number is; cast to int64 it was 0).",
-        "    (torch.result_type, in a form torch.compile traces.)",
-        '    """',
-        "    if reference.is_floating_point():",
-        "        return reference.dtype",
-        "    if isinstance(value, torch.Tensor):",
-        "        return torch.promote_types(reference.dtype, value.dtype)",
-        "    if isinstance(value, float):",
-        "        return torch.get_default_dtype()",
-        "    return torch.int64 if reference.dtype == torch.bool and not isinstance(value, bool) else reference.dtype",
-    ),
-    "_overwrite": (
-        "def _overwrite(target, result, **kept):",
-        '    """``target.copy_(result)``, refusing a result of a dtype ``target`` cannot hold, as',
-        "    torch's own in-place ops do (torch.tensor([1, 2]).exp_() raises; copy_ would truncate",
-        "    to [2, 7]); then the names of the ``kept`` tensors (what backward reads) that the write",
-        "    changed: they share ``target``'s memory (mul_(a, a)), and _refuse_overwritten keeps",
-        "    backward from reading their new values. (torch.can_cast, in a form torch.compile",
-        "    traces; version counters it cannot, so under it nothing is reported.)",
-        '    """',
-        "    narrowed = result.is_floating_point() and not target.is_floating_point()",
-        "    if narrowed or (target.dtype == torch.bool and result.dtype != torch.bool):",
-        '        raise RuntimeError(f"result type {result.dtype} can\'t be cast to the desired output type {target.dtype}")',
-        "    if torch.compiler.is_compiling():",
-        "        target.copy_(result)",
-        "        return ()",
-        "    # (an inference tensor has no version counter, and cannot be saved for backward)",
-        "    tracked = {name: v for name, v in kept.items() if isinstance(v, torch.Tensor) and not v.is_inference()}",
-        "    versions = {name: value._version for name, value in tracked.items()}",
-        "    target.copy_(result)",
-        "    return tuple(name for name, version in versions.items() if tracked[name]._version != version)",
-    ),
-    "_refuse_overwritten": (
-        "def _refuse_overwritten(ctx, **readers):",
-        '    """Raise where a wanted gradient (``readers``: the inputs whose gradients read each',
-        "    kept tensor) would read a tensor the in-place forward overwrote (_overwrite): it would",
-        "    use the new values, silently (mul_(a, a) did). torch's own in-place ops raise there",
-        '    too ("modified by an inplace operation")."""',
-        "    for name in ctx.overwritten:",
-        "        if any(ctx.needs_input_grad[i] for i in readers[name]):",
-        "            raise RuntimeError(",
-        '                f"{name} shares memory with the input this in-place function overwrote, and a gradient"',
-        '                f" reads {name}: pass a copy ({name}.clone())"',
-        "            )",
-    ),
-    "_reduced_to": (
-        "def _reduced_to(tangent, shape):",
-        '    """``tangent`` summed over the dimensions it has beyond ``shape`` (plan.Builder.jvp_term)."""',
-        "    return tangent.expand(torch.broadcast_shapes(tangent.shape, shape)).sum_to_size(shape)",
-    ),
-    "_round_to": (
-        "def _round_to(half, *values):",
-        '    """``values`` (one, or a tuple), their floating tensors rounded to ``half`` unless it is None',
-        '    (_float32_for_half)."""',
-        "    if half is not None:",
-        "        values = tuple(v.to(half) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values)",
-        "    return values[0] if len(values) == 1 else values",
-    ),
-}
+# (plan.Plan.helpers): PRINTERS' and COMPILED_CALLS' helper names, and the float16 and
+# in-place helpers the planner calls.
+HELPERS: dict[str, tuple[str, ...]] = _helper_sources()
 
 
 # Functions whose torch kernel takes no Python number (stable_functions' classes say so

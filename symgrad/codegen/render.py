@@ -9,9 +9,10 @@ from pathlib import Path
 
 import black
 import jinja2
+import jinja2.meta
 
-from .errors import SymgradError
-from .plan import Plan
+from ..errors import SymgradError
+from ..plan import Plan
 from .printer import HELPERS
 
 FUNCTION_TEMPLATE = "function.py.jinja"
@@ -51,14 +52,38 @@ def template_name(plan: Plan) -> str:
 
 
 def template_fingerprint(directory: Path, name: str) -> str:
-    """A short hash of the template ``name`` in ``directory``.
+    """A short hash of the template ``name`` in ``directory``, and of the templates it
+    imports or includes (``_macros.jinja``), transitively.
 
-    Only the template a file is rendered from counts, so editing another template does
-    not make every generated file stale. Line endings are normalised, so a checkout that
-    converts them does not either.
+    Only those templates count, so editing another template does not make every generated
+    file stale. A template that uses no other hashes as its text alone (as before macros
+    existed, so a custom single-file template keeps its fingerprint). Line endings are
+    normalised, so a checkout that converts them does not make files stale either.
     """
-    text = (directory / name).read_bytes().replace(b"\r\n", b"\n")
-    return hashlib.sha256(name.encode() + b"\0" + text).hexdigest()[:16]
+    digest = hashlib.sha256()
+    for index, used in enumerate((name, *_templates_used_by(directory, name))):
+        text = (directory / used).read_bytes().replace(b"\r\n", b"\n")
+        digest.update((b"\0" if index else b"") + used.encode() + b"\0" + text)
+    return digest.hexdigest()[:16]
+
+
+def _templates_used_by(directory: Path, name: str) -> list[str]:
+    """The templates ``name`` imports, includes or extends, directly or through another, in
+    name order (those with a name known before rendering, and present in ``directory``)."""
+    environment = jinja2.Environment()
+    found: set[str] = set()
+    pending = [name]
+    while pending:
+        source = (directory / pending.pop()).read_text(encoding="utf-8")
+        try:
+            referenced = jinja2.meta.find_referenced_templates(environment.parse(source))
+        except jinja2.TemplateSyntaxError:
+            continue  # (render reports it)
+        for used in referenced:
+            if used is not None and used != name and used not in found and (directory / used).is_file():
+                found.add(used)
+                pending.append(used)
+    return sorted(found)
 
 
 def render(plan: Plan, directory: Path) -> str:
@@ -74,8 +99,9 @@ def render(plan: Plan, directory: Path) -> str:
     name = template_name(plan)
     try:
         source = environment.get_template(name).render(plan=plan)
-    except jinja2.TemplateNotFound:
-        raise SymgradError(f"template {name!r} not found in {directory}") from None
+    except jinja2.TemplateNotFound as exc:
+        # (or a template it imports, such as _macros.jinja, missing from a custom folder)
+        raise SymgradError(f"template {exc.name!r} not found in {directory}") from None
     except jinja2.TemplateError as exc:
         raise SymgradError(f"template {name!r} failed: {exc}") from None
     try:
@@ -113,7 +139,7 @@ def _check_contract(plan: Plan, source: str, name: str) -> None:
     if forward is None or any(_is_in_place_call(node) for node in ast.walk(forward)):
         raise SymgradError(
             f"template {name!r} does not give {plan.no_jvp_class} the out-of-place forward:"
-            " print plan.compiled_forward there (see symgrad's templates/function.py.jinja)"
+            " print plan.compiled_forward there (see symgrad's templates/_macros.jinja)"
         )
 
 

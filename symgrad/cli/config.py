@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .api import build_spec, output_path, record_templates
-from .errors import SymgradError
-from .spec import Spec
+from ..api import build_spec, output_path, record_templates
+from ..errors import SymgradError
+from ..spec import Spec
 
 if sys.version_info >= (3, 11):
     import tomllib

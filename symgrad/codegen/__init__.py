@@ -1,0 +1,6 @@
+"""Code generation, the pipeline's last stages: print, render, write.
+
+:mod:`~symgrad.codegen.printer` prints SymPy expressions as torch code and holds the
+helpers' sources; :mod:`~symgrad.codegen.render` fills a Jinja2 template from a plan and
+formats it with black; :mod:`~symgrad.codegen.write` composes the header and writes files.
+"""
