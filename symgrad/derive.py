@@ -15,8 +15,8 @@ from sympy.codegen.cfunctions import expm1
 
 from .errors import SymgradError
 from .kernels import whole_gradient_kernel, with_forward_kernels
+from .numbers import numbers_to_floats
 from .parse import Output, Parsed
-from .printer import numbers_to_floats
 from .probe import FLOAT64_MAX, PROBE_FAILURES, moderate, probe_code, real_only, wrap_probe_calls
 from .stable import has_difference_of_squares, has_offset_quotient, real_abs_powers, same_number, stabilize
 from .stable_functions import ForwardKernel, TaylorPolynomial, expand_functions, hypot, hypot_plus, sigmoid, softplus, to_elementary

@@ -28,7 +28,8 @@ from .errors import SymgradError
 from .inplace import FUSED_TERM, IN_PLACE_CALL, reuse_buffers
 from .kernels import whole_gradient_kernel
 from .naming import RESERVED, Namer, check_class_name
-from .printer import COMPILED_CALLS, HELPERS, numbers_to_floats, print_torch
+from .numbers import numbers_to_floats
+from .printer import COMPILED_CALLS, HELPERS, print_torch
 from .stable_functions import TaylorPolynomial, expand_functions
 
 INDENT = "    "

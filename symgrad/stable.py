@@ -102,6 +102,7 @@ from sympy.codegen.cfunctions import expm1, log1p
 
 from .probe import PROBE_FAILURES, moderate, probe_code, real_only
 from .stable_functions import (
+    DERIVATIVE_FORM,
     Removable,
     erfcx,
     finite,
@@ -149,11 +150,13 @@ def stabilize(expr: sympy.Expr, *, root_sums: bool = False) -> sympy.Expr:
     (``x*((1 + x**2)**-0.25 - 1)``'s at 1e10); power_excess's is exact (found in review).
     """
     token = _ROOT_SUMS.set(root_sums)
+    form = DERIVATIVE_FORM.set(stable_closed_form)  # for the Removables made here
     try:
         expr = stable_closed_form(expr)
         expr = _removable_singularities(expr)
         expr = _guard_piecewise(expr)
     finally:
+        DERIVATIVE_FORM.reset(form)
         _ROOT_SUMS.reset(token)
     return expr
 
@@ -162,6 +165,14 @@ def stable_closed_form(expr: sympy.Expr) -> sympy.Expr:
     """:func:`stabilize`'s rewrites (1. in the module docstring) without its removable
     singularities and Piecewise guards: for a Removable's derivative, whose closed form is
     printed away from 0 (stable_functions.Removable.fdiff)."""
+    form = DERIVATIVE_FORM.set(stable_closed_form)  # for the Removables its rules make
+    try:
+        return _stable_closed_form(expr)
+    finally:
+        DERIVATIVE_FORM.reset(form)
+
+
+def _stable_closed_form(expr: sympy.Expr) -> sympy.Expr:
     rewriter = _Rewriter()
     expr = rewriter.rewrite(expr)
     if expr.is_Add:

@@ -41,14 +41,17 @@ method the printer calls).
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import math
+from typing import Callable
 
 import mpmath
 import sympy
 from sympy.core.function import ArgumentIndexError
 from sympy.printing.precedence import PRECEDENCE
 
+from .numbers import numbers_to_floats
 from .probe import REMEMBERED
 
 # The mpmath implementations below call these (probe.remembered): probes meet a constant such
@@ -72,6 +75,9 @@ class StableFunction(sympy.Function):
 
     #: positions of arguments that must be tensors in torch (a number becomes a 0-d tensor)
     tensor_args: tuple[int, ...] = ()
+    #: whether the torch spelling keeps an integer or bool tensor's dtype (numbers_to_floats
+    #: then keeps a unit Float coefficient, which makes the product floating)
+    keeps_dtype: bool = False
 
     def _eval_is_extended_real(self):
         return True if all(a.is_extended_real for a in self.args if isinstance(a, sympy.Expr)) else None
@@ -451,8 +457,6 @@ class ExpandedFunction(StableFunction):
     def torch_code(cls, printer, args: list[str], values: tuple[sympy.Expr, ...] = ()) -> str:
         """:meth:`expanded`, printed with the arguments' code (``values``: the arguments
         themselves; a number among them is passed as it is, as power_excess's bounds need)."""
-        from .printer import numbers_to_floats  # printer imports this module
-
         values = values or (None,) * len(args)
         placeholders = [
             v if v is not None and v.is_number else sympy.Dummy(f"argument{i}", real=True) for i, v in enumerate(values)
@@ -688,6 +692,7 @@ class finite(StableFunction):  # noqa: N801
     """
 
     nargs = 1
+    keeps_dtype = True
 
     @staticmethod
     def _imp_(u):
@@ -842,6 +847,7 @@ class guard(StableFunction):  # noqa: N801
     """
 
     nargs = (3, 4)
+    keeps_dtype = True
 
     @classmethod
     def eval(cls, x, cond, safe, earlier=None):
@@ -894,6 +900,13 @@ _REL_TOL = 1e-17  # truncation error allowed, relative to the polynomial's size 
 _EPS_CANDIDATES = (0.125, 0.25, 0.5, 1.0, 2.0)
 _FLOAT32_ULPS = 8  # closed-form error allowed at the threshold, in float32 ulps
 _REMOVABLE_CACHE: dict[str, type] = {}
+# How a Removable's derivative is rewritten before its own series is made. The rewrite
+# engine (above this module) sets its stable_closed_form here while it runs, and each
+# Removable made meanwhile keeps it: its derivative is printed away from the center like any
+# derivative, so it takes the same rewrites. Unset, the derivative is used as written.
+DERIVATIVE_FORM: contextvars.ContextVar[Callable[[sympy.Expr], sympy.Expr] | None] = contextvars.ContextVar(
+    "derivative_form", default=None
+)
 
 
 class Removable(ExpandedFunction):
@@ -909,6 +922,8 @@ class Removable(ExpandedFunction):
 
     closed: sympy.Expr
     center: sympy.Rational = sympy.Integer(0)
+    # The rewrite of the closed form's derivative (DERIVATIVE_FORM when the class was made).
+    derivative_form: Callable[[sympy.Expr], sympy.Expr] | None = None
     coeffs: tuple[float, ...]
     eps: float
 
@@ -933,15 +948,20 @@ class Removable(ExpandedFunction):
     def fdiff(self, argindex=1):
         if argindex != 1:
             raise ArgumentIndexError(self, argindex)
-        from .stable import stable_closed_form  # stable imports this module
-
         derivative = sympy.diff(type(self).closed, _T)
-        # The closed form's derivative rewritten as every derivative is, since it is printed
-        # away from 0: x/(1 - exp(-x))'s second derivative, the derivative of -x/(4*sinh(x/2)**2)
-        # - 1/expm1(-x), had exp(-x)/expm1(-x)**2 in it, inf/inf = nan from x = -89 in float32
-        # (found by an accuracy hunt). (As written if that form has no series at 0.)
-        center = type(self).center
-        made = removable(stable_closed_form(derivative), _T, center) or removable(derivative, _T, center)
+        # The closed form's derivative rewritten as every derivative is (derivative_form),
+        # since it is printed away from 0: x/(1 - exp(-x))'s second derivative, the derivative
+        # of -x/(4*sinh(x/2)**2) - 1/expm1(-x), had exp(-x)/expm1(-x)**2 in it, inf/inf = nan
+        # from x = -89 in float32. (As written if that form has no series at 0.)
+        center, form = type(self).center, type(self).derivative_form
+        if form is None:
+            made = removable(derivative, _T, center)
+        else:
+            token = DERIVATIVE_FORM.set(form)
+            try:
+                made = removable(form(derivative), _T, center) or removable(derivative, _T, center)
+            finally:
+                DERIVATIVE_FORM.reset(token)
         if made is None:  # cannot happen for an analytic function; keep it exact anyway
             raise ArgumentIndexError(self, argindex)
         return made(self.args[0])
@@ -1192,6 +1212,7 @@ def _make_removable(closed: sympy.Expr, key: str, center: sympy.Rational):
                     "coeffs": floats,
                     "exact_coeffs": tuple(exact),
                     "eps": eps,
+                    "derivative_form": DERIVATIVE_FORM.get(),
                     "__module__": __name__,
                 },
             )
