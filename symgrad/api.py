@@ -10,7 +10,7 @@ from . import __version__
 from .derive import derive
 from .errors import SymgradError
 from .naming import check_class_name
-from .parse import parse_spec
+from .frontend.parse import parse_spec
 from .plan import make_plan
 from .render import render, template_dir, template_fingerprint, template_name
 from .spec import SAVE_POLICIES, Spec

@@ -16,7 +16,7 @@ from . import __version__
 from .api import generate_file, record_templates, source_for_spec
 from .config import load_targets
 from .errors import SymgradError
-from .functions import FUNCTIONS
+from .frontend.grammar import FUNCTIONS
 from .spec import SAVE_POLICIES, Spec, parse_domain_option, parse_grad_option, parse_name_list
 from .write import Refused, atomic_write, ensure_package, is_hand_edited, read_spec, read_text, write_status
 

@@ -26,11 +26,12 @@ from .derive import (
 )
 from .errors import SymgradError
 from .inplace import FUSED_TERM, IN_PLACE_CALL, reuse_buffers
-from .kernels import whole_gradient_kernel
+from .rewrite.kernels import whole_gradient_kernel
 from .naming import RESERVED, Namer, check_class_name
-from .numbers import numbers_to_floats
+from .math.numbers import numbers_to_floats
 from .printer import COMPILED_CALLS, HELPERS, print_torch
-from .stable_functions import TaylorPolynomial, expand_functions
+from .math.functions import expand_functions
+from .math.series import TaylorPolynomial
 
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is

@@ -19,8 +19,8 @@ from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from .errors import SymgradError
-from .numbers import numbers_to_floats
-from .stable_functions import (
+from .math.numbers import numbers_to_floats
+from .math.functions import (
     erfcx,
     finite,
     guard,

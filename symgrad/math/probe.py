@@ -15,6 +15,7 @@ import mpmath
 import sympy
 from sympy.printing.pycode import MpmathPrinter
 
+
 FLOAT64_MAX = 1.7976931348623157e308
 _FLOAT64_MAX_MPF = mpmath.mpf(FLOAT64_MAX)
 
@@ -23,6 +24,7 @@ _FLOAT64_MAX_MPF = mpmath.mpf(FLOAT64_MAX)
 # sinh(sinh(30)) (about e**(5e12)) would never finish (found by the fuzz campaign). Values
 # that large are far outside float64 anyway, so the exponential functions and powers
 # refuse them (OverflowError, i.e. "not moderate") instead of computing them.
+
 PROBE_MAX_EXPONENT = 1e5
 PROBE_MAX_TRIG_ARGUMENT = 1e300  # beyond float64; reducing sin(1e43429) would need a 144k-bit pi
 PROBE_MAX_SPECIAL_ARGUMENT = 1e300  # loggamma, polygamma (beyond float64 they are inf or nan anyway)
@@ -101,6 +103,7 @@ def remembered(fn):
 
 # The costly ones (see remembered), for the probe code and for the mpmath implementations of
 # symgrad.stable_functions (ndtr(30) took as long as erf(30); a review find).
+
 REMEMBERED = {name: remembered(getattr(mpmath, name)) for name in ("erf", "erfc", "ncdf", "polygamma")}
 
 _PROBE_NAMESPACE = {
@@ -124,6 +127,7 @@ _PROBE_NAMESPACE = {
 # value (AttributeError), a comparison of complex values (TypeError), a series that does
 # not converge (NoConvergence), a name the printer left unknown (NameError), and a number
 # too large to hold (MemoryError). One list for every probe.
+
 PROBE_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError, mpmath.libmp.NoConvergence)
 
 

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import mpmath
 import sympy
 
-from .errors import SymgradError
-from .functions import CONSTANTS, FUNCTIONS, REDUCTIONS, REJECTED_NAMES
-from .spec import Spec
+from ..errors import SymgradError
+from ..spec import Spec
+from .grammar import CONSTANTS, FUNCTIONS, REDUCTIONS, REJECTED_NAMES
+
 
 # Documented limits (README, "Limits"). Each is far above any real activation function.
+
 MAX_LENGTH = 20_000  # characters of expression text
 MAX_DEPTH = 100  # nesting of the expression tree
 MAX_NODES = 5_000  # syntax-tree nodes
@@ -38,8 +40,10 @@ MAX_CONDITION_COMPARISONS = 256  # a Piecewise condition, once its Piecewise val
 
 # SymPy evaluates these exactly at integer arguments (gamma(10**9) is a factorial that
 # never finishes), so a large constant argument is evaluated numerically instead.
+
 _EXACT_AT_INTEGERS = ("gamma", "loggamma", "digamma")
 # Hints for names users coming from SymPy or Python may try.
+
 _UNKNOWN_HINTS = {
     "Integral": "unevaluated integrals are not supported; write the integrand's closed form",
     "integrate": "integration is not supported; write the closed form",
@@ -65,6 +69,7 @@ _COMPARE = {
     ast.NotEq: sympy.Ne,
 }
 # Why a construct is refused, in words a user recognises.
+
 _REFUSED_NODES = {
     ast.Attribute: "attribute access (a.b) is not allowed",
     ast.Subscript: "subscripts (a[i]) are not allowed",

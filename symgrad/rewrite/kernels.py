@@ -23,14 +23,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 import sympy
-
 from sympy.codegen.cfunctions import expm1, log1p
 
-from .stable_functions import log_sigmoid, mish, sigmoid, silu, softplus
+from ..math.functions import log_sigmoid, mish, sigmoid, silu, softplus
+
 
 # Points at which a gradient and a kernel's derivative must agree, one value per symbol
 # (fixed, so that generation is deterministic; irrational-looking so that no identity
 # holds there by accident).
+
 _PROBES = (0.3719, -1.2041, 2.3307, -0.4391, 1.7713)
 _PROBE_DIGITS = 50
 _AGREEMENT = sympy.Float(10) ** -40
@@ -52,6 +53,7 @@ class Kernel:
 # (measured on this CPU, 1 thread, 1e7 float32 values, upstream gradient included:
 # softplus_backward 5.6 ms against 9.4 for the formula's sigmoid and product, silu_backward
 # 5.4 against 20-30, two softplus_backward 11.2 against 21.6 for sigmoid(u)*sigmoid(-u)).
+
 KERNELS = (
     # d/du softplus(u) = sigmoid(u): g*z/(z + 1) with z = exp(u), and g itself above the
     # threshold, where sigmoid(u) is 1 in float64 already (1 - 4e-18 at 40).
@@ -158,6 +160,7 @@ def first_order_kernel(derivative: sympy.Expr, symbols: set[sympy.Symbol]) -> Ke
 
 
 # Analytic wherever they are defined: what first_order_kernel's derivatives may hold.
+
 _ANALYTIC = (
     sympy.exp,
     sympy.log,
@@ -231,6 +234,7 @@ class ForwardKernelRule:
 # keeps the subnormal exp(u); F.silu and x*sigmoid(x) are both 0 there; F.logsigmoid is
 # min(u, 0) - log1p(exp(-|u|)). Fused bodies keep the formula: inductor compiles it into
 # its one kernel anyway.
+
 FORWARD_KERNELS = (
     ForwardKernelRule(
         mish,

@@ -14,9 +14,11 @@ from typing import Callable
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
-from .stable_functions import erfcx, hypot, log_ndtr, logaddexp, ndtr, sigmoid, softplus, xlogy
+from ..math.functions import erfcx, hypot, log_ndtr, logaddexp, ndtr, sigmoid, softplus, xlogy
+
 
 # Where a function's argument must lie, for sampling test inputs. OpInfo-style domains.
+
 POSITIVE = "positive"  # arg > 0
 NONZERO = "nonzero"  # arg != 0
 UNIT = "unit"  # -1 < arg < 1
@@ -106,10 +108,12 @@ FUNCTIONS: dict[str, Entry] = {
 REDUCTIONS = ("sum", "mean")
 
 # Named constants users may write. Everything else that is a bare name is a symbol.
+
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E}
 
 # Names SymPy users might expect, but that make no sense for real tensors: rejected with
 # a reason rather than silently becoming a symbol.
+
 REJECTED_NAMES: dict[str, str] = {
     "I": "the imaginary unit I is not supported: symgrad works over the real numbers",
     "oo": "infinity (oo) is not supported: expressions must be finite",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sympy
 
-from .errors import SymgradError
+from ..errors import SymgradError
 
 
 def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
@@ -62,6 +62,7 @@ def _without_unit_coefficient(expr: sympy.Basic) -> sympy.Basic:
 
 # SymPy's functions whose torch spelling keeps an integer or bool tensor's dtype (symgrad's
 # own functions say so themselves: StableFunction.keeps_dtype).
+
 _DTYPE_KEEPING = (sympy.Abs, sympy.sign, sympy.floor, sympy.ceiling, sympy.Min, sympy.Max)
 
 
