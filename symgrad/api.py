@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from . import __version__
+from .version import __version__
 from .derive import derive
 from .errors import SymgradError
 from .naming import check_class_name

@@ -12,7 +12,7 @@ import types
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from . import __version__
+from .version import __version__
 from .api import generate_file, record_templates, source_for_spec
 from .config import load_targets
 from .errors import SymgradError
