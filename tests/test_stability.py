@@ -796,7 +796,7 @@ def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir, devic
     _assert_matches_exact_math(case, load(case, gen_dir, save), dtype, device, "")
 
 
-# Fused modules compute some functions another way (derive.cheaper_fused_form: Mish's
+# Fused modules compute some functions another way (cost.cheaper_fused_form: Mish's
 # tanh(softplus(x)) from sigmoid(x), the derivatives of tanh and sigmoid from one sigmoid of
 # -|x|), in the compiled bodies torch.compile makes of them.
 FUSED_CASES = [c for c in CASES if c.name in ("mish", "silu", "softplus", "sigmoid", "tanh", "elu", "gelu", "log_ndtr")]
@@ -1985,9 +1985,9 @@ def test_reuse_of_shared_work_is_kept_only_where_accurate():
 
 
 def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
-    """derive.cheaper_fused_form: tanh(softplus(x)) and cosh(softplus(x)) become rational in
+    """cost.cheaper_fused_form: tanh(softplus(x)) and cosh(softplus(x)) become rational in
     sigmoid(x) (equal to them exactly) where that is accurate; so do eager modules
-    (derive.cheaper_eager_form: softplus and tanh are the slowest eager kernels)."""
+    (cost.cheaper_eager_form: softplus and tanh are the slowest eager kernels)."""
     from symgrad.rewrite.cost import cheaper_fused_form
     from symgrad.math.functions import sigmoid, softplus
 
@@ -2037,7 +2037,7 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
 
 
 def test_cheaper_fused_form_computes_sigmoid_and_tanh_derivatives_with_one_sigmoid(device):
-    """derive.cheaper_fused_form: sigmoid(u)*sigmoid(-u) and tanh's 1/cosh(u)**2 from one
+    """cost.cheaper_fused_form: sigmoid(u)*sigmoid(-u) and tanh's 1/cosh(u)**2 from one
     sigmoid of -|u|, equal to the math exactly and accurate in float32 from 1e-30 to 1e4 on
     both sides, eager and compiled, as fused bodies print it (printer.HELPERS'
     _sigmoid); tanh itself keeps its kernel."""
@@ -2157,18 +2157,18 @@ def test_fused_forms_stay_accurate_for_scaled_arguments(name, expr, exact, gen_d
 
 
 def test_cheaper_eager_form_writes_the_sigmoid_derivative_as_two_sigmoids():
-    """derive.cheaper_eager_form: 1/(4*cosh(x/2)**2), the simplified derivative of sigmoid,
+    """cost.cheaper_eager_form: 1/(4*cosh(x/2)**2), the simplified derivative of sigmoid,
     becomes sigmoid(x)*sigmoid(-x) (two cheap kernels instead of a slow cosh); tanh's
     1/cosh(x)**2 keeps its form, whose eager kernels cost less than 4*sigmoid(2x)*sigmoid(-2x).
     Either way the value is the same function, checked at 40 digits."""
-    from symgrad.rewrite.cost import cheaper_eager_form, eager_cost
+    from symgrad.rewrite.cost import CPU_COSTS, cheaper_eager_form
     from symgrad.math.functions import sigmoid
 
     x = sympy.Symbol("x", real=True)
     sigmoid_gradient = 1 / (4 * sympy.cosh(x / 2) ** 2)
     paired = cheaper_eager_form(sigmoid_gradient)
     assert paired == sigmoid(x) * sigmoid(-x)
-    assert eager_cost(paired) < eager_cost(sigmoid_gradient)
+    assert CPU_COSTS.eager_cost(paired) < CPU_COSTS.eager_cost(sigmoid_gradient)
     tanh_gradient = sympy.cosh(x) ** -2
     assert cheaper_eager_form(tanh_gradient) == tanh_gradient
     assert cheaper_eager_form(sympy.cosh(3 * x + 1) ** -2) == sympy.cosh(3 * x + 1) ** -2

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import sympy
 
 from ..frontend.parse import Parsed
+from ..rewrite.cost import CPU_COSTS, CostModel
 
 
 @dataclass(frozen=True)
@@ -41,3 +42,6 @@ class Derivation:
     # The IDENTITIES the bodies use, for the docstring (a reader of the code meets sigmoid
     # quotients where the math has tanh).
     identities: tuple[str, ...] = ()
+    # What kernel calls cost on the target, for the choices of form made after this stage
+    # (exact_second_derivatives).
+    costs: CostModel = CPU_COSTS

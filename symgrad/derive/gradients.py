@@ -11,7 +11,7 @@ from ..frontend.parse import Parsed
 from ..math.functions import ForwardKernel, sigmoid, to_elementary
 from ..math.numbers import numbers_to_floats
 from ..math.simplify import _shown, cheapest_form
-from ..rewrite.cost import _cheaper_forms, reuse_shared_work
+from ..rewrite.cost import CPU_COSTS, CostModel, cheaper_forms, reuse_shared_work
 from ..rewrite.engine import stabilize
 from ..rewrite.kernels import with_forward_kernels
 from ..rewrite.patterns import same_number
@@ -31,14 +31,15 @@ def _elementary_or_self(expr: sympy.Expr) -> sympy.Expr:
         return expr
 
 
-def derive(parsed: Parsed) -> Derivation:
-    """Differentiate every output by every input, simplify within bounds, stabilise."""
+def derive(parsed: Parsed, costs: CostModel = CPU_COSTS) -> Derivation:
+    """Differentiate every output by every input, simplify within bounds, stabilise, and
+    choose the forms that cost least by ``costs``."""
     surrogates = dict(parsed.surrogates)
     forward = tuple(stabilize(out.expr, root_sums=True) for out in parsed.outputs)
     identities: set[str] = set()
     if not parsed.spec.fuse:
         forward = _with_forward_kernels(forward, identities, parsed)
-    forward = _cheaper_forms(forward, identities, parsed.spec.fuse)
+    forward = cheaper_forms(forward, identities, parsed.spec.fuse, costs)
     for index, expr in enumerate(forward):
         folded = numbers_to_floats(_elementary_or_self(expr))
         if not folded.free_symbols & set(parsed.inputs):
@@ -62,7 +63,7 @@ def derive(parsed: Parsed) -> Derivation:
     # they reuse, 1 - sigmoid(x) for sigmoid(-x), as the code has it: that is no identity the
     # docstring lists; the fused forms' reuse happens after their identities).
     documented = stable if parsed.spec.fuse else _reusing_shared_work(stable)
-    gradients = _reusing_shared_work([_cheaper_forms(row, identities, parsed.spec.fuse) for row in stable])
+    gradients = _reusing_shared_work([cheaper_forms(row, identities, parsed.spec.fuse, costs) for row in stable])
     nondifferentiable = tuple(
         all(g == 0 for g in row) and not surrogates for row in gradients
     )
@@ -81,6 +82,7 @@ def derive(parsed: Parsed) -> Derivation:
         raw_gradients=raw,
         documented_gradients=tuple(documented),
         identities=tuple(sorted(identities)),
+        costs=costs,
     )
     return Derivation(**{**derivation.__dict__, "domain": sampling_domain(derivation)})
 

@@ -12,7 +12,7 @@ from ..math.accuracy import _as_accurate
 from ..math.functions import sigmoid
 from ..math.numbers import numbers_to_floats
 from ..math.simplify import op_count
-from ..rewrite.cost import _minus_abs, _positive, reuse_shared_work
+from ..rewrite.cost import CostModel, _minus_abs, _positive, reuse_shared_work
 from ..rewrite.kernels import whole_gradient_kernel
 from .derivation import Derivation
 from .second_order import _second_derivatives, autograd_loses_second_derivatives
@@ -138,7 +138,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 # One ATen kernel computes it in backward (symgrad.kernels): faster than
                 # computing it in forward and multiplying, and nothing more is saved.
                 continue
-            row = _returned_derivative_row(derivation.raw_gradients[i][j], gradient, parsed, identities)
+            row = _returned_derivative_row(derivation.raw_gradients[i][j], gradient, parsed, identities, derivation.costs)
             if row is None:
                 continue
             second.append(row)
@@ -161,7 +161,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
         if gradient in returned:
             derivatives[returned.index(gradient)].append((i, j))
             continue
-        row = _returned_derivative_row(raw, gradient, parsed, identities)
+        row = _returned_derivative_row(raw, gradient, parsed, identities, derivation.costs)
         if row is None:
             continue
         second.append(row)
@@ -185,13 +185,15 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
     )
 
 
-def _returned_derivative_row(raw: sympy.Expr, gradient: sympy.Expr, parsed: Parsed, identities: set[str]):
-    """The second derivatives of a gradient forward would return (_second_derivatives),
-    adding the identities used to ``identities``; None where backward recomputes it
+def _returned_derivative_row(
+    raw: sympy.Expr, gradient: sympy.Expr, parsed: Parsed, identities: set[str], costs: CostModel
+):
+    """The second derivatives of a gradient forward would return (_second_derivatives, its
+    forms chosen by ``costs``), adding the identities used to ``identities``; None where backward recomputes it
     instead."""
     row_identities: set[str] = set()
     try:
-        row = _second_derivatives(raw, gradient, parsed.inputs, parsed.spec.fuse, row_identities)
+        row = _second_derivatives(raw, gradient, parsed.inputs, parsed.spec.fuse, row_identities, costs)
     except SymgradError:
         return None  # SymPy cannot differentiate it again: backward recomputes this one
     if any(g.has(sympy.AccumBounds) for g in row):

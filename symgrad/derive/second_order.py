@@ -15,7 +15,7 @@ from ..math.accuracy import finite_where_the_math_is
 from ..math.functions import hypot, hypot_plus, sigmoid, softplus
 from ..math.series import _as_printed
 from ..math.simplify import cheapest_form, op_count, SIMPLIFY_MAX_OPS
-from ..rewrite.cost import _cheaper_forms, _sech_as_sigmoid_pairs
+from ..rewrite.cost import CPU_COSTS, CostModel, _sech_as_sigmoid_pairs, cheaper_forms
 from ..rewrite.engine import stabilize
 from ..rewrite.sums import has_difference_of_squares, has_offset_quotient
 from .differentiate import _differentiate
@@ -181,13 +181,14 @@ def exact_second_derivatives(
     symbols: tuple[sympy.Symbol, ...],
     identities: set[str],
     fixed: Mapping[sympy.Symbol, sympy.Expr] | None = None,
+    costs: CostModel = CPU_COSTS,
 ) -> tuple[sympy.Expr, ...] | None:
     """The derivatives of ``gradient`` (whose unstabilised form is ``raw``) by each of
     ``symbols``, each the cheapest symbolic form that finite_where_the_math_is accepts (with
     the symbols in ``fixed`` at their values there), for double backward to use where
     autograd's would be wrong (autograd_loses_second_derivatives); None where some
     derivative has no such form, or beyond the same bounds. Adds the identities used to
-    ``identities``.
+    ``identities``; ``costs`` chooses the cheaper forms.
     """
     fixed = fixed or {}
     if _beyond_second_derivative_bounds(raw):
@@ -207,7 +208,7 @@ def exact_second_derivatives(
             candidates = candidates[::-1]
         for differentiate in candidates:
             used: set[str] = set()
-            (candidate,) = _cheaper_forms((stabilize(differentiate()),), used, False)
+            (candidate,) = cheaper_forms((stabilize(differentiate()),), used, False, costs)
             if finite_where_the_math_is(candidate.xreplace(fixed), exact.xreplace(fixed)):
                 break
         else:
@@ -227,7 +228,12 @@ def _beyond_second_derivative_bounds(raw: sympy.Expr) -> bool:
 
 
 def _second_derivatives(
-    raw: sympy.Expr, gradient: sympy.Expr, inputs: tuple[sympy.Symbol, ...], fuse: bool, identities: set[str]
+    raw: sympy.Expr,
+    gradient: sympy.Expr,
+    inputs: tuple[sympy.Symbol, ...],
+    fuse: bool,
+    identities: set[str],
+    costs: CostModel = CPU_COSTS,
 ) -> tuple[sympy.Expr, ...]:
     """The derivatives of ``gradient`` (whose unstabilised form is ``raw``) by each input, as
     double backward computes them, adding the identities used to ``identities``.
@@ -251,7 +257,7 @@ def _second_derivatives(
     ):
         used: set[str] = set()
         row = tuple(stabilize(differentiate(s, e)) for s, e in zip(inputs, exact))
-        row = _cheaper_forms(row, used, fuse)
+        row = cheaper_forms(row, used, fuse, costs)
         if all(finite_where_the_math_is(g, e) for g, e in zip(row, exact)):
             break
         first = first or (row, used)

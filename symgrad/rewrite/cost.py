@@ -6,10 +6,46 @@ the calls that other gradients make.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sympy
 
 from ..math.accuracy import _as_accurate
 from ..math.functions import sigmoid, softplus
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What kernel calls cost on a target, for choosing between equal forms of a formula.
+
+    The rules that propose the forms (:func:`cheaper_eager_form`) ask the model which form
+    is cheaper, so a target with other costs (a GPU) is another instance, not other rules.
+
+    Args:
+        name: a short label for the target, e.g. ``"cpu"``.
+        eager_call_costs: ``(call, cost)`` pairs: what one eager kernel of the call costs,
+            relative to an arithmetic operation (``x*0.5``, ``-x``, ``x**2``), the call named
+            as SymPy's ``count_ops(visual=True)`` names it (``"TANH"``). Other calls cost 1.
+    """
+
+    name: str
+    eager_call_costs: tuple[tuple[str, float], ...]
+
+    def eager_cost(self, expr: sympy.Expr) -> float:
+        """:func:`~symgrad.math.simplify.op_count` with each call weighted by its eager cost."""
+        costs = dict(self.eager_call_costs)
+        visual = sympy.count_ops(expr, visual=True)
+        return float(visual.xreplace({s: sympy.Float(costs.get(s.name, 1.0)) for s in visual.free_symbols}))
+
+
+# The calls whose cost sets a choice of form below, measured with ATen on a CPU, 1 thread,
+# 1e7 float32 values: -x 2.5 ms, sigmoid 4.2, exp 8.4, cosh 13.3, softplus 16.0, tanh 25.5.
+# (SymPy's count_ops, op_count, counts every call as one.) Allocations are not counted: with
+# glibc's default allocator a new 40 MB buffer costs more than the kernel that fills it.
+CPU_COSTS = CostModel(
+    name="cpu",
+    eager_call_costs=(("SIGMOID", 1.5), ("EXP", 3.0), ("COSH", 5.0), ("SOFTPLUS", 6.5), ("TANH", 9.0)),
+)
 
 
 def _sech_as_sigmoid_pairs(expr: sympy.Expr) -> sympy.Expr:
@@ -60,13 +96,14 @@ IDENTITIES = {
 }
 
 
-def _cheaper_forms(exprs: tuple[sympy.Expr, ...], identities: set[str], fuse: bool) -> tuple[sympy.Expr, ...]:
-    """cheaper_fused_form (``fuse``) or cheaper_eager_form of each, adding the names of the
-    identities used to ``identities``."""
-    cheaper_form = _cheaper_fused_form if fuse else _cheaper_eager_form
+def cheaper_forms(
+    exprs: tuple[sympy.Expr, ...], identities: set[str], fuse: bool, costs: CostModel = CPU_COSTS
+) -> tuple[sympy.Expr, ...]:
+    """cheaper_fused_form (``fuse``) or cheaper_eager_form (by ``costs``) of each, adding the
+    names of the identities used to ``identities``."""
     results = []
     for expr in exprs:
-        cheaper, used = cheaper_form(expr)
+        cheaper, used = _cheaper_fused_form(expr) if fuse else _cheaper_eager_form(expr, costs)
         identities |= used
         results.append(cheaper)
     return tuple(results)
@@ -151,26 +188,11 @@ def _softplus_identities(expr: sympy.Expr) -> tuple[sympy.Expr, set[str]]:
     return candidate, used
 
 
-# What one eager kernel costs, relative to an arithmetic operation (x*0.5, -x, x**2), for
-# the calls whose cost sets a choice of form below. Measured with ATen on this CPU, 1 thread,
-# 1e7 float32 values: -x 2.5 ms, sigmoid 4.2, exp 8.4, cosh 13.3, softplus 16.0, tanh 25.5.
-# (SymPy's count_ops, op_count, counts every call as one.) Allocations are not counted: with
-# glibc's default allocator a new 40 MB buffer costs more than the kernel that fills it.
-
-EAGER_CALL_COST = {"SIGMOID": 1.5, "EXP": 3.0, "COSH": 5.0, "SOFTPLUS": 6.5, "TANH": 9.0}
-
-
-def eager_cost(expr: sympy.Expr) -> float:
-    """:func:`op_count` with each call weighted by :data:`EAGER_CALL_COST` (others count 1)."""
-    visual = sympy.count_ops(expr, visual=True)
-    return float(visual.xreplace({s: sympy.Float(EAGER_CALL_COST.get(s.name, 1.0)) for s in visual.free_symbols}))
-
-
-def cheaper_eager_form(expr: sympy.Expr) -> sympy.Expr:
+def cheaper_eager_form(expr: sympy.Expr, costs: CostModel = CPU_COSTS) -> sympy.Expr:
     """``expr`` with calls that eager kernels compute more cheaply another way, if accurate.
 
-    Each candidate is kept only if it costs less by :func:`eager_cost`, which weighs the
-    slow kernels (cosh, tanh, softplus) by their measured time.
+    Each candidate is kept only if it costs less by ``costs``' :meth:`CostModel.eager_cost`,
+    which weighs the slow kernels (cosh, tanh, softplus) by their measured time.
 
     - 1/cosh(u)**(2k) becomes (4*sigmoid(2u)*sigmoid(-2u))**k. The sigmoid's derivative is
       1/(4*cosh(x/2)**2) after simplification; as sigmoid(x)*sigmoid(-x) it runs two cheap
@@ -184,18 +206,18 @@ def cheaper_eager_form(expr: sympy.Expr) -> sympy.Expr:
       instead of softplus and tanh, the two slowest, and the derivative's own sigmoid(u) is
       the same s. Kept only where float32 rounding shows it accurate (_as_accurate).
     """
-    return _cheaper_eager_form(expr)[0]
+    return _cheaper_eager_form(expr, costs)[0]
 
 
-def _cheaper_eager_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
-    """cheaper_eager_form(expr), and the names (IDENTITIES) of the identities it used."""
+def _cheaper_eager_form(expr: sympy.Expr, costs: CostModel) -> tuple[sympy.Expr, frozenset[str]]:
+    """cheaper_eager_form(expr, costs), and the names (IDENTITIES) of the identities it used."""
     used = set()
     candidate = _sech_as_sigmoid_pairs(expr)
-    if candidate != expr and eager_cost(candidate) < eager_cost(expr):
+    if candidate != expr and costs.eager_cost(candidate) < costs.eager_cost(expr):
         expr = candidate
         used.add("sech_sigmoids")
     candidate, softplus_rules = _softplus_identities(expr)
-    if softplus_rules and eager_cost(candidate) < eager_cost(expr) and _as_accurate(candidate, expr):
+    if softplus_rules and costs.eager_cost(candidate) < costs.eager_cost(expr) and _as_accurate(candidate, expr):
         expr, used = candidate, used | softplus_rules
     return expr, frozenset(used)
 

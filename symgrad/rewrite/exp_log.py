@@ -479,6 +479,16 @@ def _rule_exp_lse(node: sympy.Expr):
 
 
 def _rule_log(node: sympy.Expr):
+    """Logarithms whose argument overflows, underflows or rounds to 1, as equal forms that
+    do not: ``log(1 + u)`` -> ``log1p(u)``; ``log1p(p*exp(a))`` -> ``softplus(a + log(p))``;
+    ``log(b**u*r)`` -> ``u*log(b) + log(r)`` for a number b > 0; ``log(sigmoid(u))`` ->
+    ``-softplus(-u)``; ``log(cosh(u))`` (_log_cosh); ``log(c*expm1(u))`` -> ``log(c) + u +
+    log1mexp(-u)``, and ``log(-c*expm1(u))`` -> ``log(c) + log1mexp(u)``; ``log(c*tanh(u))``
+    -> ``log(|c|) - log1p(2/expm1(+-2u))``; ``log(c*sinh(u))`` and its ratios
+    (_log_sinh_ratio); ``log(p*exp(a) - p*exp(b))`` -> ``log(p) + a + log1mexp(b - a)``; a
+    hand-written asinh (_asinh_argument); ``log(exp(a) + exp(b) + ...)`` -> nested
+    ``logaddexp``; ``log(c*exp(v)*(1 + exp(w)))`` -> ``log(c) + v + softplus(w)``.
+    """
     if isinstance(node, log1p):
         inner = node.args[0]
         term = _exp_term(inner)

@@ -100,6 +100,10 @@ def _square_root(term: sympy.Expr):
 
 
 def _rule_hypot(node: sympy.Expr):
+    """``(a**2 + b**2 + ...)**(k/2)`` for an odd k -> ``hypot(hypot(a, b), ...)**k``: the
+    squares overflow (float32: from |a| = 1.8e19) and underflow where the norm does not.
+    Numbers count as squares (``1/sqrt(x**2 + 1)`` is ``hypot(x, 1)**-1``); an even k is a
+    polynomial and stays."""
     if not (node.is_Pow and node.base.is_Add and _number(node.exp)):
         return None
     twice = 2 * node.exp
