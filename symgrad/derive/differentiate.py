@@ -15,8 +15,8 @@ class _MergingPiecewise(sympy.Piecewise):
 
     SymPy's own derivative rebuilds the Piecewise, and its fold joins successive branches
     whose derivatives are equal (often all 0) with ``distribute_and_over_or``, which is
-    exponential in the conditions: 90 s per input on a 3-input expression in fuzz campaign
-    35. Joining them first with a plain Or leaves SymPy nothing to distribute.
+    exponential in the conditions: 90 s per input on a 3-input expression.
+    Joining them first with a plain Or leaves SymPy nothing to distribute.
     """
 
     def _eval_derivative(self, symbol: sympy.Symbol) -> sympy.Expr:
@@ -56,13 +56,13 @@ def _differentiate(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
         # Abs and sign of a function that SymPy cannot prove real (acosh, log, ...) differentiate
         # into re() and im(). The generated code runs over the reals and the sampling domain
         # refuses complex intermediates, so there re(u) is u and im(u) is 0; substituting them
-        # lets SymPy fold cosh(0) and sinh(0) (found by the fuzz campaign: cosh(0) was printed).
+        # lets SymPy fold cosh(0) and sinh(0) (cosh(0) was printed otherwise).
         derivative = derivative.replace(lambda e: isinstance(e, sympy.re), lambda e: e.args[0])
         derivative = derivative.replace(lambda e: isinstance(e, sympy.im), lambda e: sympy.Integer(0))
         derivative = _absolute_values(derivative)
     except (TypeError, ValueError) as exc:
         # e.g. floor(log(floor(log(x, 2)), 2)): rebuilding the derivative, SymPy subtracts two
-        # relationals (found by the fuzz campaign)
+        # relationals
         raise SymgradError(f"SymPy cannot differentiate {_shown(expr)} by {symbol}: {exc}") from None
     if derivative.has(sympy.Derivative, sympy.Subs):
         raise SymgradError(f"SymPy cannot differentiate {_shown(expr)} by {symbol}")
@@ -84,7 +84,7 @@ def _absolute_values(expr: sympy.Expr) -> sympy.Expr:
     SymPy differentiates Abs(x) into sign(x) and leaves x*sign(x) as it is, so simplify could
     not see that softsign's derivative 1/(|x| + 1) - x*sign(x)/(|x| + 1)**2 is 1/(|x| + 1)**2;
     computed as written it cancels, 3x less accurate than F.softsign's at |x| = 1e4 in
-    float32 (found by an accuracy hunt).
+    float32.
     """
 
     def absolute(product: sympy.Expr) -> sympy.Expr:

@@ -21,7 +21,7 @@ from .derivation import Derivation
 DOMAIN_CANDIDATES = ((-3.0, 3.0), (0.1, 3.0), (-0.9, 0.9), (1.1, 3.0), (0.1, 0.9), (-3.0, -0.1))
 # Probe points per input or param: a region where the function is NaN is found by chance,
 # and a fixed count thins out with each dimension (64 points in all missed a NaN region of
-# 2% of a 3-input box a third of the time: two campaign finds).
+# 2% of a 3-input box a third of the time).
 
 DOMAIN_PROBES = 64
 DOMAIN_MAX_ABS = 1e3
@@ -46,7 +46,7 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
         )
     except (TypeError, ValueError, KeyError, NotImplementedError) as exc:
         # SymPy folds Piecewise while printing and can meet an undefined branch, e.g.
-        # Max(log(z >= 2.5), x) has log(0) = zoo where z < 2.5 (found by the fuzz campaign);
+        # Max(log(z >= 2.5), x) has log(0) = zoo where z < 2.5;
         # a value no printer knows (PrintMethodNotImplementedError) is a NotImplementedError.
         reason = str(exc).splitlines()[0] if str(exc) else ""
         raise SymgradError(
@@ -57,7 +57,7 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
     if failed is not None and len(symbols) > 1:
         # Each symbol was tried with the others on their first candidate, where another may be
         # undefined for every choice of the first: gamma(x) + loggamma(y) has gamma's poles on
-        # (-3, 3) whatever y's interval, and loggamma's whatever x's (a user hunt). Start again
+        # (-3, 3) whatever y's interval, and loggamma's whatever x's. Start again
         # from the first candidate on which all of them are fine at once.
         for candidate in DOMAIN_CANDIDATES[1:]:
             if _all_moderate(evaluate, [given.get(s.name, candidate) for s in symbols]):
@@ -107,7 +107,7 @@ def _probe_points(intervals: list[tuple[float, float]]):
     DOMAIN_MAX_ABS; then the corners, 1% inside, which need only be real and finite. A
     function can fail in one corner only: log(z + 1 - tanh(z) + tanh(y)) is NaN for z
     near -3 whatever y, and no interior probe came that close while gradcheck's samples did
-    (found by fuzz campaign 37). (A sum of 40 cubic terms is over 1000 in a corner of
+   . (A sum of 40 cubic terms is over 1000 in a corner of
     (-3, 3)**3, and fine to sample.)"""
     steps = [math.sqrt(p) % 1 for p in (2, 3, 5, 7, 11, 13, 17, 19)]
     for k in range(1, DOMAIN_PROBES * len(intervals) + 1):

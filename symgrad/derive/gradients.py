@@ -24,7 +24,7 @@ from .domain import sampling_domain
 def _elementary_or_self(expr: sympy.Expr) -> sympy.Expr:
     """to_elementary(expr), or expr itself where SymPy cannot rebuild it: rewriting a
     Piecewise whose condition compares a non-real value (zoo, or log of a negative
-    number) raises TypeError in SymPy 1.14 (three crashes in fuzz campaign 35)."""
+    number) raises TypeError in SymPy 1.14."""
     try:
         return to_elementary(expr)
     except (TypeError, ValueError, ArithmeticError):
@@ -45,8 +45,8 @@ def derive(parsed: Parsed, costs: CostModel = CPU_COSTS) -> Derivation:
         if not folded.free_symbols & set(parsed.inputs):
             # The generated code uses float constants, with which SymPy decides comparisons
             # it left open exactly: Max(2, acos(1/2) - abs(x)) is 2, and (x + pi*x)/x, a
-            # removable singularity at 0 exactly, is 4.14159... (both found by the fuzz
-            # campaign; the second printed torch.where of two numbers, of the default dtype).
+            # removable singularity at 0 exactly, is 4.14159... (the
+            # second printed torch.where of two numbers, of the default dtype).
             where = f"output {index + 1}" if len(forward) > 1 else "the expression"
             raise SymgradError(f"{where} is constant ({folded}) for every input, so it has no gradient")
     complemented = [_sigmoid_complements(out.expr) for out in parsed.outputs]
@@ -95,7 +95,7 @@ def _with_forward_kernels(forward: tuple[sympy.Expr, ...], identities: set[str],
     With --save speed, only a whole output that is one kernel call of the single input:
     then a backward kernel computes its gradient. Elsewhere forward returns a derivative
     that shares the formula's work, and the kernel would leave it none to share
-    (sum(x*tanh(softplus(x))) with --save speed took 1.27x the time; found in review).
+    (sum(x*tanh(softplus(x))) with --save speed took 1.27x the time).
     """
     if parsed.spec.save == "speed":
         if len(parsed.inputs) != 1 or parsed.params or len(forward) != 1 or parsed.outputs[0].reduction is not None:
@@ -120,8 +120,7 @@ def _sigmoid_complements(expr: sympy.Expr) -> sympy.Expr:
     which SymPy cancels as it builds it. Differentiated as written, it divided by
     ``1 - sigmoid(u)``, and the cost-guarded simplification factored the sigmoid(-u) of the
     other terms out of the sum: the binary focal loss's gradient,
-    ``sigmoid(-x)*(sigmoid(x)**3/sigmoid(-x) + ...)``, was 0*inf = nan from x = 89 in float32
-    (found by an accuracy hunt).
+    ``sigmoid(-x)*(sigmoid(x)**3/sigmoid(-x) + ...)``, was 0*inf = nan from x = 89 in float32.
     """
 
     def complement(node: sympy.Basic) -> sympy.Basic:
@@ -146,7 +145,7 @@ def _refuse_interval_values(parsed: Parsed, gradients: list[tuple[sympy.Expr, ..
     """Refuse a stabilised gradient that holds an AccumBounds (an interval, not a value).
 
     Folding guards at a branch's edge can meet atanh(-oo) = I*AccumBounds(-pi/2, pi/2), which
-    nothing could print (found by the fuzz campaign). A nan branch at a single point,
+    nothing could print. A nan branch at a single point,
     Piecewise((nan, Eq(x, 1)), ...), is printed and harmless, so nan is not refused here.
     """
     for out, row in zip(parsed.outputs, gradients):

@@ -114,7 +114,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 continue
             if not numbers_to_floats(gradient).free_symbols:
                 # Constant, perhaps only once printed with float constants (erf(30)**y is
-                # 1.0**y): forward could not return it as a tensor (found by the fuzz campaign).
+                # 1.0**y): forward could not return it as a tensor.
                 continue
             # Computed in forward now, next to the outputs: reuse their work where accurate.
             gradient = reuse_shared_work(gradient, list(forward) + [gradient])
@@ -198,12 +198,11 @@ def _returned_derivative_row(
         return None  # SymPy cannot differentiate it again: backward recomputes this one
     if any(g.has(sympy.AccumBounds) for g in row):
         # An interval where a value should be (see _refuse_interval_values): backward
-        # recomputes this one, and autograd differentiates that (found in review).
+        # recomputes this one, and autograd differentiates that.
         return None
     if all(g == 0 for g in row):
         # Piecewise constant (3*sign(x)): cheap to recompute, and it may even fold to a
-        # number while printing, which forward could not return as a tensor (found by
-        # the fuzz campaign).
+        # number while printing, which forward could not return as a tensor.
         return None
     identities |= row_identities
     return row

@@ -26,8 +26,8 @@ def differentiable_form(expr: sympy.Expr) -> sympy.Expr:
     that only double backward runs, which autograd differentiates.
 
     autograd's derivative of cosh(u)**-2 is -2*sinh(u)*cosh(u)**-3, inf*0 = nan from |u| = 90
-    in float32; the sigmoids' derivatives are finite (found by a double-backward survey:
-    tanh's create_graph formula). First-order gradients keep the cosh where it is cheaper
+    in float32; the sigmoids' derivatives are finite.
+    First-order gradients keep the cosh where it is cheaper
     (cheaper_eager_form): its value is right where cosh overflows (inf**-2 = 0).
     """
     return _sech_as_sigmoid_pairs(expr)
@@ -44,7 +44,7 @@ class _autograd_sigmoid(sigmoid):  # noqa: N801 (SymPy's naming)
 class _autograd_expm1(expm1):  # noqa: N801 (SymPy's naming)
     """expm1, differentiated as autograd differentiates torch.expm1: y + 1 (derivatives.yaml),
     which is 0 in float32 from u = -17, where the exact exp(u) is 4e-8 (the VAE's KL term
-    (mu**2 + exp(lv) - 1 - lv)/2, whose gradient is expm1(lv)/2: found by an accuracy hunt)."""
+    (mu**2 + exp(lv) - 1 - lv)/2, whose gradient is expm1(lv)/2)."""
 
     def fdiff(self, argindex=1):
         return self + 1
@@ -57,7 +57,7 @@ class _autograd_power(sympy.Function):  # noqa: N801 (SymPy's naming)
     SymPy joins powers of one base, so its derivative of sqrt(1 - s) times s's (1 - s) is
     sqrt(1 - s), finite; autograd computes (1 - s) / (2*sqrt(1 - s)), 0/0 = nan where 1 - s
     has rounded to 0 (atan(exp(x**x))'s gradient reuses sqrt(1 - sigmoid(2*x**x)), and its
-    double backward was nan from x = 2.9 in float64; found by fuzz campaign 4134).
+    double backward was nan from x = 2.9 in float64).
     """
 
     nargs = 2
@@ -123,7 +123,7 @@ def autograd_loses_second_derivatives(
     derivative kept: softplus's formula sigmoid(x) has autograd's derivative y*(1 - y), 0 at
     x = 20 in float32 where the exact value is 2.1e-9 (torch's own F.softplus gives 0 too),
     and 1/expm1(x), log(1 - exp(-x))'s, has exp(x)/expm1(x)**2, inf/inf = nan at x = 100
-    (found by a double-backward survey). Where SymPy cannot write autograd's derivative,
+   . Where SymPy cannot write autograd's derivative,
     False: it stays autograd's; and so it does, unchecked, beyond the simplification bounds
     (_beyond_second_derivative_bounds) and with four symbols or more. True without probing
     for three kinds of formula whose failure the probes cannot see: a function of an
@@ -142,18 +142,18 @@ def autograd_loses_second_derivatives(
         # autograd's product rule on a quotient of it cancels between points the probe
         # samples: the x-gradient of y*(sqrt(x**2 + 1) - x), -y*r/h with r = hypot_plus(-x,
         # 1), has x-derivative y*(r/h**2 + x*r/h**3), 5e-4 off at x = -50 in float32, while
-        # its symbolic form y*r*hypot_plus(x, 1)/h**3 (stable._hypot_sum) is exact.
+        # its symbolic form y*r*hypot_plus(x, 1)/h**3 (roots._hypot_sum) is exact.
         return True
     if _has_nested_hypot(_as_printed(formula)):
         # hypot(hypot(x, y), c): autograd's chain rule multiplies the inner hypot's
         # derivative x/hypot(x, y), 0/0 = nan at x = y = 0, by hypot(x, y)/H, and SymPy's
         # derivative cancels the two, so the probe cannot see it: the Hessian of
-        # x/sqrt(x**2 + y**2 + 1e-8) was nan at the origin (found by an accuracy hunt).
+        # x/sqrt(x**2 + y**2 + 1e-8) was nan at the origin.
         return True
     if has_difference_of_squares(formula) or has_offset_quotient(formula):
-        # (1 - x)*(1 + x) (stable._difference_of_squares): autograd's product rule computes
+        # (1 - x)*(1 + x) (sums._difference_of_squares): autograd's product rule computes
         # its derivative as (1 - x) - (1 + x), which cancels near 0, where the probes' points
-        # do not reach: asin's second derivative was 0 at x = 1e-8 in float32 (found in review);
+        # do not reach: asin's second derivative was 0 at x = 1e-8 in float32;
         # and x/(1 + x)'s quotient rule cancels at large x, beyond their reach
         return True
     # (fixed first: a param is never differentiated, and as a number it folds)
@@ -222,8 +222,8 @@ def exact_second_derivatives(
 def _beyond_second_derivative_bounds(raw: sympy.Expr) -> bool:
     """Whether ``raw`` is beyond the simplification bounds, where double backward keeps
     autograd's derivative unchecked: the probes' mpmath polygamma took 2 minutes over
-    acosh(logaddexp(x, digamma(logaddexp(z, x)))), which generated in 4 s without them
-    (found by the fuzz campaign)."""
+    acosh(logaddexp(x, digamma(logaddexp(z, x)))), which generated in 4 s without them.
+    """
     return op_count(raw) > SIMPLIFY_MAX_OPS or raw.has(sympy.gamma, sympy.loggamma, sympy.polygamma)
 
 
@@ -241,10 +241,10 @@ def _second_derivatives(
     First the simplified derivative of ``raw``, which is usually shortest; if
     finite_where_the_math_is refuses it, the derivative of the stable form forward computes,
     where SymPy's simplification had made it unstable again: SiLU's became sinh(x/2) times
-    powers of 1.5 of sigmoids, inf*0 from x = 179 in float32 (found by a double-backward
-    survey). If both fail, the first stays, as before the check: often the user's expression
+    powers of 1.5 of sigmoids, inf*0 from x = 179 in float32.
+    If both fail, the first stays, as before the check: often the user's expression
     overflows there whatever the form (x**y*sigmoid(-x**y) at x = 1e-3, y = -20 in float32,
-    inf*0; found by the fuzz campaign), and not returning the derivative would cost its
+    inf*0), and not returning the derivative would cost its
     speed for nothing. (Not always: the two-input softmax exp(a)/(exp(a) + exp(b) + 1) keeps
     rows that are nan at large |a|, |b| in float32, where autograd's derivative of the
     recomputed gradient is finite; README, "Numerical stability".)

@@ -89,7 +89,7 @@ FUNCTIONS: dict[str, Entry] = {
         _unary("gamma", sympy.gamma, "torch.lgamma + sign", note="exp(lgamma(x)) with the sign of gamma"),
         _unary("loggamma", sympy.loggamma, "torch.lgamma", POSITIVE),
         _unary("digamma", sympy.digamma, "torch.special.digamma"),
-        # Stable functions (symgrad.stable_functions); symgrad also rewrites their naive
+        # Stable functions (symgrad.math.functions); symgrad also rewrites their naive
         # spellings (log(1+exp(x)), 1/(1+exp(-x)), ...) into them.
         _unary("sigmoid", sigmoid, "torch.sigmoid", note="1/(1+exp(-x)); its gradient stays exact in the tails"),
         _unary("softplus", softplus, "torch.nn.functional.softplus", note="log(1+exp(x)), threshold 40"),

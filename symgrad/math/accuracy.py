@@ -25,7 +25,7 @@ REUSE_MAX_ULPS = 16
 # Where the reuse forms are checked: both signs of these magnitudes, in 24-bit (float32)
 # arithmetic against 80-bit. A form like 1 - sigmoid(u) fails where u is about 10-100,
 # and u may be x scaled down (50*tanh(x/50): x of 500-5000), so the probes run over many
-# decades (the fused gradient of 50*tanh(x/50) was 0 from x = 450; found in review).
+# decades (the fused gradient of 50*tanh(x/50) was 0 from x = 450).
 
 REUSE_PROBES = (
     0.001, 0.1, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 80.0,
@@ -44,8 +44,7 @@ def _as_accurate(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
         return False
     try:
         # Real-only, as in sampling_domain: the generated code computes over the reals, and
-        # mpmath's complex digamma of log(-20)-like values loops for minutes (found by the
-        # fuzz campaign).
+        # mpmath's complex digamma of log(-20)-like values loops for minutes.
         evaluate_candidate, evaluate_reference = (
             real_only(probe_code(symbols, expr))
             for expr in (candidate, reference)
@@ -266,7 +265,7 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     Real-only, and without intermediates beyond float64 (real_only): where the reference
     has one (exp(1e3) in sigmoid's second derivative at x = -1e3), the point is skipped, so
     float64's own overflows go unprobed. Allowed further, x**y at x = y = 1e4, 1e40000, went
-    into sigmoid's mpmath exp, which took minutes (found by the fuzz campaign).
+    into sigmoid's mpmath exp, which took minutes.
     """
     evaluate = real_only(probe_code(symbols, reference))
     magnitudes = ([m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX], _PAIR_PROBES, _TRIPLE_PROBES)[len(symbols) - 1]

@@ -1,4 +1,4 @@
-"""SymPy functions with numerically stable torch kernels, for :mod:`symgrad.stable`.
+"""SymPy functions with numerically stable torch kernels, for :mod:`symgrad.rewrite`.
 
 Each is a :class:`sympy.Function` with an exact ``fdiff`` (so gradients and double
 gradients stay symbolic and correct), an mpmath implementation (``_imp_``, which
@@ -328,7 +328,7 @@ class log_ndtr(StableFunction):  # noqa: N801
         if argindex != 1:
             raise ArgumentIndexError(self, argindex)
         cdf = ndtr(self.args[0])
-        # pdf(u)/ndtr(u), 0/0 in float32 from u = -14: stable._normal_tail_products writes it
+        # pdf(u)/ndtr(u), 0/0 in float32 from u = -14: tails._normal_tail_products writes it
         # as sqrt(2/pi)/erfcx(-u/sqrt(2)) for u < 0
         return cdf.fdiff() / cdf
 
@@ -401,7 +401,7 @@ class hypot(StableFunction):  # noqa: N801
 
 def hypot_order(arg: sympy.Expr) -> tuple:
     """The sort key of hypot's arguments: numbers last, the rest in SymPy's order
-    (stable._rule_hypot nests them in it; hypot_plus.root builds the same root)."""
+    (roots._rule_hypot nests them in it; hypot_plus.root builds the same root)."""
     return (bool(arg.is_number), sympy.default_sort_key(arg))
 
 
@@ -411,7 +411,7 @@ class norm_ratio(StableFunction):  # noqa: N801
 
     It exists to keep the quotient whole: SymPy merges ``(a/n)**2/n`` back into
     ``a**2*n**-3``, which overflows and underflows in float32 where the norm is beyond 7e12
-    or below 1.4e-13 (``hypot``'s second derivatives; stable._rule_norm_ratio).
+    or below 1.4e-13 (``hypot``'s second derivatives; roots._rule_norm_ratio).
     """
 
     nargs = 2
@@ -525,7 +525,7 @@ class log_sinh(ExpandedFunction):  # noqa: N801
 
     As written, sinh overflows from ``u = 89`` in float32 (710 in float64), where the log is
     ``u - log(2)``: the von Mises-Fisher log-normaliser ``log(k) - log(sinh(k))`` was -inf
-    there (found by an accuracy hunt). ``-expm1(-2u)`` keeps ``2u`` near 0, where the log
+    there. ``-expm1(-2u)`` keeps ``2u`` near 0, where the log
     carries the value; for large ``u`` it rounds to 1, and its log's ``-exp(-2u)`` is below
     the rounding of ``u`` anyway. (Not log1mexp(-2u), whose switch is for a log that is the
     whole value: its where and ``log1p`` of tiny numbers, slow in ATen, made a forward plus
@@ -561,7 +561,7 @@ class log_erf(ExpandedFunction):  # noqa: N801
 
     As written ``erf(u)`` rounds to 1 from u = 4 in float32 (6 in float64), where the log
     is about ``-erfc(u)``: ``log(erf(x))`` (the half-normal log CDF at ``x*sqrt(2)``) was 0
-    at x = 5, where it is -1.5e-12 (a third accuracy hunt). ``log1p(-erfc(u))`` keeps that
+    at x = 5, where it is -1.5e-12. ``log1p(-erfc(u))`` keeps that
     but cancels near 0, where ``erfc(u)`` is near 1; at the switch ``erfc(1/2)`` is 0.48,
     whose ``log1p`` does not cancel, and below it ``erf(u)`` is exact. At ``u <= 0`` it is
     nan or -inf, as the log of erf is. (Only the value has the where: the derivative
@@ -612,20 +612,20 @@ def _dyadic_toward_zero(value: mpmath.mpf, bits: int = 6) -> sympy.Rational:
 
 class power_excess(ExpandedFunction):  # noqa: N801
     """``(a + u)**p - a**p`` for numbers ``a > 0`` and ``p``, or ``a != 0`` and an integer
-    ``p`` (stable._rule_power_minus_value, for the exponents that have no polynomial of
+    ``p`` (roots._rule_power_minus_value, for the exponents that have no polynomial of
     their own, and in derivative formulas those with sums of roots, whose autograd
     derivative is not exact): ``a**p*expm1(p*log1p(u/a))`` where ``|p*log1p(u/a)| <= R``,
     ``R = max(1, |p|/2)``, and as written elsewhere.
 
     As written the power rounds to ``a**p`` near ``u = 0``, and the difference to 0:
-    Barron's robust loss ``2*((1 + x**2/2)**0.25 - 1)`` was 0 in float32 at x = 1e-4 (a
-    fourth accuracy hunt), and ``1/sqrt(1 + x**2) - 1`` too. The expm1 form is exact
+    Barron's robust loss ``2*((1 + x**2/2)**0.25 - 1)`` was 0 in float32 at x = 1e-4,
+    and ``1/sqrt(1 + x**2) - 1`` too. The expm1 form is exact
     there, but the rounding of its argument ``w = p*log1p(u/a)``, about ``2|w|`` ulps of
     the value, grows far from 0: ``(1 + x)**7.5 - 1`` was 5.4e-6 off at x = 1e4 in float32.
     As written, the rounding of ``a + u`` costs about ``|p|/2`` ulps of the power, and
     where ``|w| >= 1`` the difference loses at most a factor e/(e - 1) more: so the switch
     is where both are about ``|p|`` ulps or less (at ``|w| = 1`` it cost 30 ulps for p =
-    20.5; found in review). The switch points are dyadic, just inside that range, and
+    20.5). The switch points are dyadic, just inside that range, and
     absent where it reaches u = -a or u beyond 2**1000 (the expm1 form's limits there are
     the values: ``-a**p`` or inf at u = -a, inf or 0 minus ``a**p`` at u = inf; a cap at
     -63a/64 left ``(1 + x)**0.001 - 1`` 7e-6 off at x = -0.9865 as written). The expm1 form's
@@ -687,8 +687,8 @@ class finite(StableFunction):  # noqa: N801
     """``u`` itself, where an infinite ``u`` is printed as the largest finite number of its
     dtype (``torch.nan_to_num``, nan kept): so that ``finite(u)/finite(a + u)`` is 1 where
     ``u`` overflows, as the difference it replaces, ``1 - a/(a + u)``, was; inf/inf is nan
-    (stable._rule_power_minus_value: ``1/(1 + x**2) - 1`` as ``-x**2/(1 + x**2)``, nan from
-    |x| = 1.9e19 in float32; found in review).
+    (roots._rule_power_minus_value: ``1/(1 + x**2) - 1`` as ``-x**2/(1 + x**2)``, nan from
+    |x| = 1.9e19 in float32).
     """
 
     nargs = 1
@@ -715,7 +715,7 @@ class hypot_excess(StableFunction):  # noqa: N801
     ``sqrt(1 + x**2) - 1`` is 0 in float32 below ``|x|`` = 2.4e-4, where it is ``x**2/2``.
     The quotient lies in (-1, 1), so unlike ``a**2`` (float16 overflows from ``|a|`` = 256)
     it cannot overflow; the halves keep the denominator finite wherever ``hypot(a, b)`` is
-    (float16's 65504 plus b overflowed; found in review). At ``a = +-inf`` the quotient is
+    (float16's 65504 plus b overflowed). At ``a = +-inf`` the quotient is
     inf/inf: NaN, where the difference is inf.
     """
 
@@ -754,7 +754,7 @@ class hypot_plus(ExpandedFunction):  # noqa: N801
     ``u > 0`` and exactly 0 elsewhere. (Not ``u + |u|``, which is the same: SymPy would
     spread it into the sum, and its terms could then be added in an order that cancels.)
 
-    ``b`` is a nonzero number (stable._hypot_sum): at ``b = u = 0`` the quotient would be
+    ``b`` is a nonzero number (roots._hypot_sum): at ``b = u = 0`` the quotient would be
     0/0. As written it cancels where ``u`` is negative and large next to ``b``: squareplus
     ``(x + sqrt(x**2 + 4))/2`` was 0 in float32 from ``x = -1e4`` (truth 1e-4), and
     ``sqrt(x**2 + 1) - x``, which is ``hypot_plus(-x, 1)``, from ``x = 4096``. No term
@@ -762,7 +762,7 @@ class hypot_plus(ExpandedFunction):  # noqa: N801
     is about the value), so no ``torch.where`` is needed (a guarded Piecewise made squareplus's forward plus
     backward 10x slower, and a where of the two forms 4x). At ``u = 0`` autograd's
     derivatives of ``|u|`` and ``sign(u)`` are 0, which leaves the right slope, 1.
-    The quotient is ``b*(b/(...))``, kept whole by stable_functions.norm_ratio, so
+    The quotient is ``b*(b/(...))``, kept whole by functions.norm_ratio, so
     ``b**2`` is never formed: it would overflow in float16 from ``b = 256``.
     """
 
@@ -771,7 +771,7 @@ class hypot_plus(ExpandedFunction):  # noqa: N801
     @staticmethod
     def root(u: sympy.Expr, b: sympy.Expr) -> hypot:
         """``hypot(u, b)``, without a minus sign and with its arguments in the order
-        stable._rule_hypot gives them, the number ``b`` last (hypot is even in each, and
+        roots._rule_hypot gives them, the number ``b`` last (hypot is even in each, and
         symmetric), so that ``hypot_plus(-x, 1)`` and the gradients' ``hypot(x, 1)`` share
         one kernel."""
         unsigned = (-arg if arg.could_extract_minus_sign() else arg for arg in (u, b))
@@ -843,7 +843,7 @@ class guard(StableFunction):  # noqa: N801
     backward made of the outer where's zero (the "double where"). ``earlier`` is printed
     negated with ``~``, as the nested torch.where that selects the branch treats it: where
     an earlier condition is nan (log(x) > 1 at x < 0) it does not hold, while SymPy's own
-    negation, log(x) <= 1, would not hold either (found in review).
+    negation, log(x) <= 1, would not hold either.
     """
 
     nargs = (3, 4)

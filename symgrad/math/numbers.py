@@ -37,7 +37,7 @@ def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
         return _without_unit_coefficient(expr.func(*args))
     except ValueError:
         # Min/Max of an argument that SymPy finds not real once its constants are floats
-        # (asin(x**2 + 3.14...) is complex for every x; found by fuzz campaign 43).
+        # (asin(x**2 + 3.14...) is complex for every x).
         unreal = [a for a in args if isinstance(a, sympy.Expr) and a.is_extended_real is False]
         if isinstance(expr, (sympy.Min, sympy.Max)) and unreal:
             raise SymgradError(
@@ -51,7 +51,7 @@ def _without_unit_coefficient(expr: sympy.Basic) -> sympy.Basic:
     product floating: SymPy keeps a Float coefficient of 1, which would print, and run, as a
     multiplication (GELU written ``0.5*x*(1 + erf(x/sqrt(2)))`` is ``1.0*x*ndtr(x)`` once
     stabilised: one kernel more in forward and in backward). Elsewhere the 1.0 stays: it is
-    what makes ``1.0*x**2`` of an integer ``x`` float32, as in eager torch (found in review)."""
+    what makes ``1.0*x**2`` of an integer ``x`` float32, as in eager torch."""
     if expr.is_Mul:
         coefficient, rest = expr.as_coeff_Mul()
         unit = coefficient.is_Float and abs(float(coefficient)) == 1.0  # (SymPy: Float(1) != 1)

@@ -263,7 +263,7 @@ def _analytic_candidate(expr: sympy.Expr, x: sympy.Symbol, center: sympy.Rationa
             if not node.exp.is_Integer and node.base.has(x) and not _positive_at(node.base, x, center):
                 # (A root of a base that is positive at the center is analytic around it:
                 # (sqrt(1 + x) - 1)/x's gradient was 0 in float32 at |x| = 1e-8, where it is
-                # -1/8, and (1 + x)**(1/x) was 1 there, where it is e; an accuracy hunt.)
+                # -1/8, and (1 + x)**(1/x) was 1 there, where it is e.)
                 return False
             continue
         if isinstance(node, (softplus, sigmoid, ndtr, erfcx, log_ndtr, logaddexp, xlogy, expm1, log1p) + _ANALYTIC):
@@ -272,8 +272,7 @@ def _analytic_candidate(expr: sympy.Expr, x: sympy.Symbol, center: sympy.Rationa
             continue
         if isinstance(node, (hypot, hypot_excess)) and any(a.is_number and a.is_nonzero for a in node.args):
             # sqrt(x**2 + b**2), b != 0: analytic near 0 (asinh(x)/x's gradient, (1/hypot(x, 1)
-            # - asinh(x)/x)/x, was 0 in float32 below |x| = 1e-4, where it is -x/3; found by
-            # an accuracy hunt)
+            # - asinh(x)/x)/x, was 0 in float32 below |x| = 1e-4, where it is -x/3)
             continue
         return False
     return True
@@ -288,7 +287,7 @@ def _positive_at(base: sympy.Expr, x: sympy.Symbol, center: sympy.Rational) -> b
     except (TypeError, ValueError, ArithmeticError, AttributeError):
         return False
     # (nan, zoo and oo are Numbers too, and SymPy raises on comparing nan: the base of
-    # tanh(log(x))**c at 0 is nan, which stopped generation with a TypeError; a fuzz find)
+    # tanh(log(x))**c at 0 is nan, which stopped generation with a TypeError)
     return bool(value.is_Number and value.is_finite and value > 1e-20)
 
 
@@ -378,7 +377,7 @@ def _bounded_and_continuous_at_zero(f) -> bool:
         values = [mpmath.mpmathify(f(h)) for h in points]
     except (ZeroDivisionError, ValueError, OverflowError, TypeError, MemoryError):
         # MemoryError: mpmath building exp of an astronomically large exponent, as in
-        # expm1(expm1(acos(x)/x)) near 0 (found by the fuzz campaign)
+        # expm1(expm1(acos(x)/x)) near 0
         return False
     if not all(mpmath.isfinite(v) for v in values):
         return False

@@ -15,25 +15,24 @@ SIMPLIFY_MAX_OPS = 40
 # ... and not where the exponents of powers of sums add up to more than this: simplify
 # expands them, so a tiny 1000*(x + y + z)**999 would never finish, and it puts the terms
 # over one denominator, so 2*sinh(x)/(2*x + sinh(x))**3 + 6/(y**2 - x)**4 + ... (a second
-# derivative, exponents 3 + 4 + 4) ran for minutes (both found by the fuzz campaign).
+# derivative, exponents 3 + 4 + 4) ran for minutes.
 
 SIMPLIFY_MAX_POWER = 8
 # ... nor where folding its Piecewise/Max/Min together makes more than this many branches:
 # simplify folds them and then simplifies every branch (Piecewise(2) - Max(4 args) with a
-# nested Piecewise ran for minutes; found by the fuzz campaign).
+# nested Piecewise ran for minutes).
 
 SIMPLIFY_MAX_BRANCHES = 8
 # ... nor on Piecewise conditions of more comparisons than this, all together.
 
 SIMPLIFY_MAX_COMPARISONS = 8
 # ... nor where any power has an exponent above this: trigsimp factored the speed-mode
-# second derivative of tanh(x**100), with x**198 and cosh(x**100)**-4, for minutes (found
-# by the fuzz campaign).
+# second derivative of tanh(x**100), with x**198 and cosh(x**100)**-4, for minutes.
 
 SIMPLIFY_MAX_DEGREE = 32
 # ... nor where a rational has a denominator above this, as a float constant becomes
 # (1e-3 from expm1(log1p(1e-3)) is 1152921504606847/1152921504606846976): logcombine ran
-# for minutes on a Heaviside of log(x - 1e-3) minus that (found by the fuzz campaign).
+# for minutes on a Heaviside of log(x - 1e-3) minus that.
 
 SIMPLIFY_MAX_DENOMINATOR = 10**12
 
@@ -44,8 +43,8 @@ _UNDEFINED = (sympy.I, sympy.zoo, sympy.nan, sympy.AccumBounds)
 
 
 def _shown(expr: sympy.Expr) -> str:
-    """``str(expr)`` for a message; SymPy cannot order a sum holding nan to print it (found by
-    the fuzz campaign), and then the message says so instead of crashing."""
+    """``str(expr)`` for a message; SymPy cannot order a sum holding nan to print it,
+    and then the message says so instead of crashing."""
     try:
         return str(expr)
     except (TypeError, ValueError):
@@ -72,7 +71,7 @@ def cheapest_form(expr: sympy.Expr) -> sympy.Expr:
         # A form with I where the derivative had none: simplify turned x**2/(sqrt(x**2 - 1)*
         # Abs(x)) + acosh(Abs(x)) into a Piecewise with I*pi/2 at x = 0, and factor_terms
         # takes sqrt(-1) out of sqrt(-x**4 + ...), where the function is complex anyway; the
-        # generated code could not even print it (both found by the fuzz campaign).
+        # generated code could not even print it.
         candidates = [c for c in candidates if not c.has(*_UNDEFINED)]
     # Ties go to the earliest candidate, so the choice is deterministic.
     return min(candidates, key=op_count)
@@ -83,7 +82,7 @@ def _simplified(expr: sympy.Expr) -> sympy.Expr:
 
     (SymPy raises, e.g. "The argument 'exp(-1)*_rf(1, E)' is not comparable." from Max
     inside simplify, a RecursionError on nested Piecewise, or a KeyError from logcombine on
-    a log of zoo/x**2; found by the fuzz campaign.)
+    a log of zoo/x**2.)
     """
     abstracted, arguments = _abstract_trig_arguments(expr)
     try:
@@ -114,7 +113,7 @@ def _abstract_trig_arguments(expr: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.D
     """Replace each compound argument of a (hyperbolic) trig function by a symbol.
 
     trigsimp inside simplify expands multiple-angle and sum formulas: it took 64 s on the
-    10-op -128*sinh(8*x + 16)/cosh(8*x + 16)**3 (found by the fuzz campaign). Over a symbol
+    10-op -128*sinh(8*x + 16)/cosh(8*x + 16)**3. Over a symbol
     it keeps the identities that matter here (sin**2 + cos**2 = 1, sinh/cosh = tanh) and
     finishes at once. Returns the new expression and the map back, oldest symbol first.
     """
@@ -127,8 +126,8 @@ def _abstract_trig_arguments(expr: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.D
 
     if _mixes_trig(expr):
         # Next to radicals of sums or other transcendental functions, trigsimp factors over
-        # algebraic extensions for minutes ((acosh(x) - x + 1)**(cosh(x) - atan(x)); found
-        # by the fuzz campaign): the trig calls themselves become symbols.
+        # algebraic extensions for minutes ((acosh(x) - x + 1)**(cosh(x) - atan(x)))
+        # : the trig calls themselves become symbols.
         def abstract(e: sympy.Expr) -> sympy.Expr:
             return e.replace(lambda n: isinstance(n, _TRIG), symbol_for)
     else:
@@ -138,7 +137,7 @@ def _abstract_trig_arguments(expr: sympy.Expr) -> tuple[sympy.Expr, dict[sympy.D
             )
     # Until nothing changes: replacing cosh(x) inside sinh(y - cosh(x)) rebuilds it as
     # -sinh(_arg - y), a new node the same pass does not visit, and trigsimp then ran for
-    # 100 s on one speed-mode second derivative (found by fuzz campaign 37).
+    # 100 s on one speed-mode second derivative.
     abstracted = abstract(expr)
     for _ in range(_ABSTRACT_MAX_PASSES):
         again = abstract(abstracted)
@@ -159,14 +158,13 @@ def _mixes_trig(expr: sympy.Expr) -> bool:
         isinstance(node, sympy.Function) and not isinstance(node, _TRIG) for node in sympy.preorder_traversal(expr)
     )
     # (sqrt(z) next to sinh(z) too: a speed-mode second derivative of sinh(z)*sqrt(z) ran
-    # for minutes; found by the fuzz campaign)
+    # for minutes)
     radicals = any(not p.exp.is_Integer for p in expr.atoms(sympy.Pow))
     # (and trig inside trig: the speed-mode second derivative of sinh((x + 1)*sinh(x)) ran
-    # for minutes in polynomial division; found by the fuzz campaign)
+    # for minutes in polynomial division)
     nested = any(isinstance(node, _TRIG) and node.args[0].has(*_TRIG) for node in sympy.preorder_traversal(expr))
     # (and trig in a sum raised to a power: trigsimp ran for minutes on the second derivative
-    # of (tanh(x) - x**-2)**-2, with (tanh(x) - 1/x**2)**-3 and **-4 in it; found by fuzz
-    # campaign 4134)
+    # of (tanh(x) - x**-2)**-2, with (tanh(x) - 1/x**2)**-3 and **-4 in it)
     powered = any(p.base.is_Add and p.base.has(*_TRIG) and abs(p.exp) > 1 for p in expr.atoms(sympy.Pow) if p.exp.is_Number)
     return others or radicals or nested or powered
 
@@ -207,29 +205,27 @@ def _simplify_is_bounded(expr: sympy.Expr) -> bool:
         return False
     if expr.has(sympy.gamma, sympy.loggamma, sympy.polygamma):
         # gammasimp inside simplify ran for minutes on a 30-op derivative with
-        # polygamma(1, cosh(2*x)) (found by the fuzz campaign)
+        # polygamma(1, cosh(2*x))
         return False
     if _piecewise_branches(expr) > SIMPLIFY_MAX_BRANCHES:
         return False
     conditions = [c for node in sympy.preorder_traversal(expr) if isinstance(node, sympy.Piecewise) for _, c in node.args]
     if any(c.has(sympy.ITE, sympy.Piecewise, sympy.Max, sympy.Min) for c in conditions):
         # A branch condition that compares with a bool (2*x < (x <= 2.5) is an ITE) or a
-        # Piecewise: piecewise_simplify's interval search ran for minutes (found by the fuzz
-        # campaign).
+        # Piecewise: piecewise_simplify's interval search ran for minutes.
         return False
     if any(_nested_call(c) for c in conditions):
         # piecewise_simplify solves each condition for its symbol: log(log(x, 10), 10) > 10
-        # inverts to x > 10**(10**10), and evaluating that ran for minutes (found by fuzz
-        # campaign 4103).
+        # inverts to x > 10**(10**10), and evaluating that ran for minutes.
         return False
     if _condition_comparisons(expr) > SIMPLIFY_MAX_COMPARISONS:
         # simplify's logic minimisation on a condition of 17 comparisons (a Piecewise inside
-        # another's condition, expanded) ran for over 10 minutes (found by fuzz campaign 37)
+        # another's condition, expanded) ran for over 10 minutes
         return False
     if _condition_comparisons(expr, disjunctive=True) > SIMPLIFY_MAX_COMPARISONS:
         # ... and on 8 that a negated conjunction spreads out: (a & ~(b & c & d)) | (b & c & d &
-        # e) is 4 conjunctions of 10 comparisons, and took 42 s on its own (found by fuzz
-        # campaign 4135). Bounded: 8 comparisons spread into at most 18 conjunctions (3*3*2).
+        # e) is 4 conjunctions of 10 comparisons, and took 42 s on its own.
+        # Bounded: 8 comparisons spread into at most 18 conjunctions (3*3*2).
         return False
     if any(abs(r.q) > SIMPLIFY_MAX_DENOMINATOR for r in expr.atoms(sympy.Rational)):
         return False

@@ -83,7 +83,7 @@ accurate in float32/float64 wherever the mathematics is. The rules, in order:
    (_difference_of_squares).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
    ``log1p(x)/x`` and their derivatives), or at a dyadic point where a denominator
-   vanishes (``log(x)/(x - 1)`` at 1): a :func:`~symgrad.stable_functions.removable`
+   vanishes (``log(x)/(x - 1)`` at 1): a :func:`~symgrad.symgrad.math.series.removable`
    function, printed as a Taylor polynomial near that point and the closed form at a
    guarded argument elsewhere.
 3. Piecewise branches that are not polynomials get their symbols guarded (the "double

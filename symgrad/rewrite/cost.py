@@ -134,7 +134,7 @@ def cheaper_fused_form(expr: sympy.Expr) -> sympy.Expr:
 
     (tanh itself stays: the one-call alternative, -m/(2 + m) with m = expm1(-2|u|), loses
     all accuracy near 0 once compiled, since inductor's CPU code computes expm1 as exp - 1;
-    found in review.)
+   .)
     """
     return _cheaper_fused_form(expr)[0]
 
@@ -145,7 +145,7 @@ def _cheaper_fused_form(expr: sympy.Expr) -> tuple[sympy.Expr, frozenset[str]]:
     The sech and sigmoid forms repeat their argument (in the where's condition and both
     branches), so each rewrites only calls whose argument holds no call it rewrites itself:
     nested, the copies would multiply (tanh(tanh(tanh(tanh(x)))) hung with a tanh form now
-    withdrawn; found by the fuzz campaign). The outer calls keep their own kernels.
+    withdrawn). The outer calls keep their own kernels.
     """
     used = set()
     paired = _sigmoid_pairs(expr)
@@ -244,12 +244,12 @@ def _positive(u: sympy.Expr) -> sympy.Basic | None:
     """``u > 0``, or None where SymPy refuses to compare u, knowing it is not real.
 
     (The forms that split on the sign of u skip such an argument: sigmoid(acosh(x > 3)) has
-    one, found by the fuzz campaign.)
+    one.)
     """
     try:
         condition = u > 0
         # Building the Piecewise of _minus_abs folds a Piecewise inside u into the condition,
-        # and SymPy may refuse that comparison only then (found by the fuzz campaign).
+        # and SymPy may refuse that comparison only then.
         sympy.Piecewise((-u, condition), (u, True))
         return condition
     except TypeError:

@@ -63,7 +63,7 @@ def stabilize(expr: sympy.Expr, *, root_sums: bool = False) -> sympy.Expr:
     power_excess: autograd's derivative of the sums (double backward), through the roots,
     cancels where a root nears 0 (``(1 + x)**2.5/2.5 - x``'s second derivative was 950
     float32 ulps off at x = -0.9999999 and nan at -1) and lost 4.7e7 ulps at large x
-    (``x*((1 + x**2)**-0.25 - 1)``'s at 1e10); power_excess's is exact (found in review).
+    (``x*((1 + x**2)**-0.25 - 1)``'s at 1e10); power_excess's is exact.
     """
     token = _ROOT_SUMS.set(root_sums)
     form = DERIVATIVE_FORM.set(stable_closed_form)  # for the Removables made here
@@ -78,7 +78,7 @@ def stabilize(expr: sympy.Expr, *, root_sums: bool = False) -> sympy.Expr:
 
 
 def stable_closed_form(expr: sympy.Expr) -> sympy.Expr:
-    """:func:`stabilize`'s rewrites (1. in the module docstring) without its removable
+    """:func:`stabilize`'s rewrites (1. in :mod:`symgrad.rewrite`) without its removable
     singularities and Piecewise guards: for a Removable's derivative, whose closed form is
     printed away from 0 (symgrad.math.series.Removable.fdiff)."""
     form = DERIVATIVE_FORM.set(stable_closed_form)  # for the Removables its rules make
@@ -104,7 +104,7 @@ def _stable_closed_form(expr: sympy.Expr) -> sympy.Expr:
     spread = _cosh_power_sums(expr)
     if spread != expr:
         # (the rules again, once: sinh(u)*cosh(u)**-3 is then tanh(u)/cosh(u)**2; before the
-        # passes below, whose results the rules would undo; found in review)
+        # passes below, whose results the rules would undo)
         expr = rewriter.rewrite(spread)
     expr = _sigmoid_exp_products(expr)
     expr = _expm1_partners(expr)

@@ -32,7 +32,7 @@ _FACTOR_MAX_DEGREE = 6  # ... nor those of exp(k*u) with k's numerator or denomi
 
 
 def _rule_ratio(node: sympy.Expr):
-    """Ratios of exponentials -> sigmoids (see the module docstring).
+    """Ratios of exponentials -> sigmoids (see :mod:`symgrad.rewrite`).
 
     ``sigmoid(w)**a * sigmoid(-w)**b`` is ``exp(a*w) / (1 + exp(w))**(a+b)``, so every
     factor of that family with the same ``w`` (up to sign) joins one denominator
@@ -97,7 +97,7 @@ def _rule_minus_one(node: sympy.Expr):
             terms[index] = 2 * constant * sympy.sin(f.args[0] / 2) ** 2
             constant = sympy.Integer(0)
             changed = True
-        elif isinstance(f, sympy.cosh) and coeff == -constant:  # c*cosh(u) - c (accuracy hunt)
+        elif isinstance(f, sympy.cosh) and coeff == -constant:  # c*cosh(u) - c
             terms[index] = 2 * coeff * sympy.sinh(f.args[0] / 2) ** 2
             constant = sympy.Integer(0)
             changed = True
@@ -135,7 +135,7 @@ def _rule_factor_exp_sum(node: sympy.Expr):
     logaddexp form was 14 float32 ulps off at x = -10, now 0.6.) Only sums of a few powers of one
     exponential, ``c*exp(k*u)`` with small rational ``k``: factor is a polynomial
     factorisation, and on 1 + exp(x) + exp(1000*x), of degree 1000 in exp(x), it did not
-    finish in 300 s (and building the polynomial for exp(10**9*x) ran out of a 3 GB limit, review).
+    finish in 300 s (and building the polynomial for exp(10**9*x) ran out of a 3 GB limit).
     """
     if not (node.is_Pow and _number(node.exp) and node.exp.is_negative and node.base.is_Add):
         return None
@@ -231,8 +231,8 @@ def _exp_into_sum(node: sympy.Mul):
     c > 0, v sharing a symbol with w) -> ``a*exp(u)*r + b*exp(u + w)*r + ...``: where exp(u)
     underflows to 0, exp(w) (or expm1(w)) may overflow, and the product is 0*inf = nan where
     it is 0. The Gumbel density ``exp(-x - exp(-x))``'s second derivative, factored as
-    ``(expm1(-x)**2 - exp(-x))*exp(-x - exp(-x))``, was nan from x = -45 in float32 (a fifth
-    accuracy hunt). Each term's own exps then join the exponent, and _expm1_times_exp takes
+    ``(expm1(-x)**2 - exp(-x))*exp(-x - exp(-x))``, was nan from x = -45 in float32.
+    Each term's own exps then join the exponent, and _expm1_times_exp takes
     each expm1 term. Every such sum of the product is distributed, up to _MAX_EXPAND_OPS
     operations in all, each of at most _FACTOR_MAX_TERMS terms and with no quotient term;
     ``b*exp(w) - b`` first becomes ``b*expm1(w)`` (_expm1_pairs)."""
@@ -263,7 +263,7 @@ def _expm1_pairs(total: sympy.Add) -> sympy.Expr:
     """``total`` with each pair of terms ``b*exp(w)`` and ``-b`` as ``b*expm1(w)``, for a b
     with symbols too (_rule_minus_one's are numbers): distributed as two exps, the pair
     cancelled where w is near 0 (exp(-x*y - exp(-x*y))'s mixed second derivative was 2.8%
-    off at x*y = 1e-6 in float32, and its gradient not 0 at x*y = 0; found in review)."""
+    off at x*y = 1e-6 in float32, and its gradient not 0 at x*y = 0)."""
     terms = list(total.args)
     for index, term in enumerate(terms):
         powers = [f for f in sympy.Mul.make_args(term) if isinstance(f, sympy.exp)]
@@ -306,13 +306,13 @@ def _expm1_times_exp(node: sympy.Mul):
     ``where(k*v > 20, (-expm1(-v))**k*exp(u + k*v)*r, expm1(v)**k*exp(u)*r)``: where v is
     large, expm1(v) overflows while exp(u) may underflow, and the product is 0*inf = nan
     where it is finite or 0. The Gumbel density ``exp(-x - exp(-x))``'s gradient ``exp(-x -
-    exp(-x))*expm1(-x)`` was nan from x = -89 in float32, as naive autograd's is (a fifth
-    accuracy hunt), and its second derivative, with ``expm1(-x)**2``, from x = -45. Up to
+    exp(-x))*expm1(-x)`` was nan from x = -89 in float32, as naive autograd's is, and its
+    second derivative, with ``expm1(-x)**2``, from x = -45. Up to
     k*v = 20, expm1(v)**k stays below e**20; above, ``(-expm1(-v))**k`` is at least 1 -
     k*exp(-20/k) (1 - 2e-9 for k = 1, 1 - 9e-5 for k = 2), so ``exp(u + k*v)`` overflows
     where the product does, or within that much of the format's largest number. (From v >
     0 on, the where made an inf of ``expm1(x/100)*exp(x)`` at x = 88 in float32, where it
-    is 2.3e38; found in review.) For ``u = -k*v`` the product is ``(-expm1(-v))**k*r``,
+    is 2.3e38.) For ``u = -k*v`` the product is ``(-expm1(-v))**k*r``,
     without a where; for u a positive multiple of v, exp(u) cannot underflow where
     expm1(v) overflows, and the product stays."""
     factors = sympy.Mul.make_args(node)
@@ -367,7 +367,7 @@ def _expm1_partner(node: sympy.Mul):
     overflows: the factor is distributed over the sum, and meets expm1(u) exactly,
     ``expm1(u)*exp(-u) = -expm1(-u)``. The gradient of ``(1 - exp(-x))/x``, ``(x -
     expm1(x))*exp(-x)/x**2``, was inf*0 = nan from x = 89 in float32, where naive autograd is
-    right (found by an accuracy hunt); now it is ``(x*exp(-x) + expm1(-x))/x**2``.
+    right; now it is ``(x*exp(-x) + expm1(-x))/x**2``.
 
     Likewise times ``sinh(u/2)**-2``: ``expm1(u)/sinh(u/2)**2 = -4/expm1(-u)``, only for the
     expm1 term, the others keeping the sinh: ``x/(1 - exp(-x))``'s gradient ``-(x -
@@ -375,7 +375,7 @@ def _expm1_partner(node: sympy.Mul):
     ``-x/(4*sinh(x/2)**2) - 1/expm1(-x)``, 1.1% off from x = -88.7 to -92 (the missing term,
     1/|x| of the gradient, is below float32's range there, where the gradient is not).
     (Written all with ``4*sinh(u/2)**2 = -expm1(u)*expm1(-u)`` it was 0 there, and its double
-    backward nan; found in review.)
+    backward nan.)
     """
     for total in (f for f in node.args if f.is_Add and f.has(expm1)):
         for term in total.args:
@@ -401,11 +401,11 @@ def _cosh_power_sums(expr: sympy.Expr) -> sympy.Expr:
     """A sum whose every term has sinh(u) or cosh(u) in it, over ``cosh(u)**k`` (k >= 2), is
     distributed, so that _rule_sinh_over_cosh meets each term's powers: LiSHT ``x*tanh(x)``'s
     second derivative with --save speed, ``-(2*x*sinh(x) - 2*cosh(x))/cosh(x)**3``, was
-    inf/inf = nan from |x| = 90 in float32 (found by an accuracy hunt); distributed it is
+    inf/inf = nan from |x| = 90 in float32; distributed it is
     ``-2*x*tanh(x)/cosh(x)**2 + 2/cosh(x)**2``."""
 
     def spread(node: sympy.Mul) -> sympy.Expr | None:
-        # (integer powers: _rule_sinh_over_cosh takes no others; found in review)
+        # (integer powers: _rule_sinh_over_cosh takes no others)
         powers = [f for f in node.args if f.is_Pow and isinstance(f.base, sympy.cosh) and f.exp.is_Integer and f.exp <= -2]
         for power in powers:
             u = power.base.args[0]
@@ -429,7 +429,7 @@ def _sigmoid_of_exp(node: sympy.Expr):
     (numbers k, c, j > 0): where exp(v) overflows the sigmoid is 0, and the product inf*0 =
     nan, while the joined exponent is -inf. TanhExp ``x*tanh(exp(x))``'s gradient,
     ``4*x*exp(x)*sigmoid(-2*exp(x))*sigmoid(2*exp(x)) + tanh(exp(x))``, was nan from x = 89
-    in float32 (found by an accuracy hunt). (Only of exp(v): ``c*exp(v)`` is positive, so
+    in float32. (Only of exp(v): ``c*exp(v)`` is positive, so
     ``exp(-c*exp(v))`` cannot overflow.)"""
     if not node.is_Mul:
         return None
@@ -504,29 +504,29 @@ def _rule_log(node: sympy.Expr):
     if powers and all(f.exp.is_extended_real for f in powers):
         # log(b**u) for a number b > 0 is u*log(b), and splits off a product (the rest is
         # positive wherever the log is real): 10**u over- or underflows, and simplify's
-        # log(10**(-x**3*exp(x))) was -inf in float64 from x = 3 (fuzz campaign).
+        # log(10**(-x**3*exp(x))) was -inf in float64 from x = 3.
         rest = sympy.Mul(*(f for f in factors if f not in powers))
         return sympy.Add(*(f.exp * sympy.log(f.base) for f in powers)) + sympy.log(rest)
     if isinstance(arg, sigmoid):
         return -softplus(-arg.args[0])
     if isinstance(arg, sympy.cosh) and not arg.args[0].has(sympy.Piecewise):
         # (Not of a Piecewise, such as an inner log-cosh: the form repeats its argument, and
-        # nested four deep it took 70 s to build; found in review.)
+        # nested four deep it took 70 s to build.)
         return _log_cosh(arg.args[0])
     scale, call = arg.as_coeff_Mul()
     if isinstance(call, expm1) and scale.is_positive:
         # log(expm1(u)) (the inverse of softplus): expm1 overflows from u = 89 in float32
-        # where the log is u; u + log(1 - exp(-u)) never does (found by an accuracy hunt).
+        # where the log is u; u + log(1 - exp(-u)) never does.
         # (For u < 0 both are undefined.)
         u = call.args[0]
         return sympy.log(scale) + u + log1mexp(-u)
     if isinstance(call, expm1) and scale.is_negative:
         # log(1 - exp(u)): as log(-expm1(u)) it is 0 in float32 from u = -17, where it is
-        # about -exp(u) (found by an accuracy hunt)
+        # about -exp(u)
         return sympy.log(-scale) + log1mexp(call.args[0])
     if isinstance(call, sympy.tanh) and scale.is_nonzero and not call.args[0].has(sympy.Piecewise):
         # log(tanh(u)), real for u > 0: tanh rounds to 1, and the log, about -2*exp(-2u),
-        # was 2e-4 off in float32 at u = 5, 96% at 9 and 0 above (found by an accuracy hunt).
+        # was 2e-4 off in float32 at u = 5, 96% at 9 and 0 above.
         # 1/tanh(u) = 1 + 2/expm1(2u), with nothing to cancel at any u > 0.
         v = _expand(2 * (call.args[0] if scale.is_positive else -call.args[0]))
         return sympy.log(abs(scale)) - log1p(2 / expm1(v))
@@ -546,7 +546,7 @@ def _rule_log(node: sympy.Expr):
         constant, rest = arg.as_coeff_Add()
         if constant == 1 and _normalize_denominator(arg) is None and _positive_exp_sum(arg) is None:
             # log(1 + exp(u)) is left to the softplus rules below, and log(1 + exp(a) +
-            # exp(b)) to logaddexp: as log1p it overflowed (found by an accuracy hunt)
+            # exp(b)) to logaddexp: as log1p it overflowed
             return log1p(rest)
     content, primitive = arg.as_content_primitive() if arg.is_Add else (sympy.Integer(1), arg)
     if not content.is_positive:
@@ -589,7 +589,7 @@ def _rule_log_product(node: sympy.Expr):
     (and positive numbers), which are positive, so that the sum is equal wherever the log
     is real: a density's logarithm, ``log(exp(-x**2/2)/sqrt(2*pi))``, was -inf from |x| = 14
     in float32 where the product underflows, and the logistic one, ``log(sigmoid(x)*(1 -
-    sigmoid(x)))``, from |x| = 88 (found by an accuracy hunt)."""
+    sigmoid(x)))``, from |x| = 88."""
     if not (isinstance(node, sympy.log) and (node.args[0].is_Mul or node.args[0].is_Pow)):
         return None
     split, numbers, kept = [], [], []
@@ -614,10 +614,10 @@ def _asinh_argument(arg: sympy.Expr) -> sympy.Expr | None:
 
     As written, u + hypot(u, 1) cancels for u < 0: in float32 the log is 1e-4 off at
     u = -100 and -inf from u = -4096, and 0 at u = -1e-30; torch.asinh is within an ulp
-    (found by an accuracy hunt over formulas users write by hand). The rules run
+   . The rules run
     bottom-up, so the root is already hypot(u, 1) here, or hypot_excess(u, 1) (which is
     hypot(u, 1) - 1) where u has a negative constant term; and u + hypot(u, 1) may be
-    flattened into one sum with u's own terms (found in review).
+    flattened into one sum with u's own terms.
     """
     if not arg.is_Add:
         return None
@@ -646,10 +646,10 @@ def _log_cosh(u: sympy.Expr) -> sympy.Expr:
     As written, cosh overflows from |u| = 89 in float32 (the loss is then inf where it is
     |u| - log 2), and log of 1 + u**2/2 loses the small part near 0. Below |u| = 1, cosh(u)
     is 1 + 2*sinh(u/2)**2 exactly, whose log1p keeps it; above, log(cosh(u)) is
-    |u| - log(2) + softplus(-2|u|), whose terms cancel by at most 4x there (found by an
-    accuracy hunt). The condition is two linear bounds, not |u| < 1, so that _guard_piecewise
+    |u| - log(2) + softplus(-2|u|), whose terms cancel by at most 4x there.
+    The condition is two linear bounds, not |u| < 1, so that _guard_piecewise
     can guard the branches (the "double where": sinh(u/2)**2 overflows from |u| = 179 in
-    float32 on the branch not taken; found in review).
+    float32 on the branch not taken).
     """
     magnitude = sympy.Abs(u)
     return sympy.Piecewise(
@@ -661,9 +661,8 @@ def _log_cosh(u: sympy.Expr) -> sympy.Expr:
 def _log_sinh_ratio(arg: sympy.Expr) -> sympy.Expr | None:
     """``log(c*u**m*sinh(u)**k)`` for a number c and integers m and k, else None. As written
     sinh overflows from |u| = 89 in float32, where the log of sinh(u) is u - log(2)
-    (stable_functions.log_sinh): ``log(k) - log(sinh(k))``, ``log(x/sinh(x))`` (the von
-    Mises-Fisher log-normaliser) and ``log(sinh(x)**2)`` were -inf there (found by accuracy
-    hunts).
+    (functions.log_sinh): ``log(k) - log(sinh(k))``, ``log(x/sinh(x))`` (the von
+    Mises-Fisher log-normaliser) and ``log(sinh(x)**2)`` were -inf there.
 
     - Without u**m: ``log(|c|) + k*log_sinh(|u|)`` for an even k, ``k*log_sinh(+-u)`` for an
       odd one (real where c*sinh(u)**k > 0: ``log(sinh(u))`` for u > 0, ``log(-sinh(u))``
@@ -673,7 +672,7 @@ def _log_sinh_ratio(arg: sympy.Expr) -> sympy.Expr | None:
       m = -k (``u/sinh(u)``) only above |u| = 1, and below ``log1p(c*u**m*sinh(u)**k - 1)``,
       the product whole, near 1 there: the split terms would cancel near 0, and its
       removable singularity at 0 gets its series. (That form for m = k, whose product is
-      near 0 there, was -inf at x = 1e-4 for log(x*sinh(x)); found in review.) The
+      near 0 there, was -inf at x = 1e-4 for log(x*sinh(x)).) The
       condition is two linear bounds, as in _log_cosh, so that the branches are guarded.
     """
     factors = sympy.Mul.make_args(arg)
@@ -708,8 +707,7 @@ def _log_sinh_ratio(arg: sympy.Expr) -> sympy.Expr | None:
 
 def _rule_same_base(node: sympy.Expr):
     """``b**e/b`` -> ``b**(e - 1)`` (SymPy keeps them apart for a symbolic ``e``): 0/0 =
-    nan where b = 0 as written. Found next to fuzz campaign 4132's finds, in --save
-    speed's d2/dxdy of Max(x, 0)**y."""
+    nan where b = 0 as written, as in --save speed's d2/dxdy of Max(x, 0)**y."""
     if not node.is_Mul:
         return None
     bases = [f.as_base_exp()[0] for f in node.args if not f.is_number]
@@ -722,8 +720,8 @@ def _rule_same_base(node: sympy.Expr):
 def _rule_tanh_half(node: sympy.Expr):
     """``expm1(u)*sigmoid(-u)**k`` -> ``tanh(u/2)*sigmoid(-u)**(k - 1)``: tanh written with
     exponentials, (exp(2x) - 1)/(exp(2x) + 1), and the derivative of exp(x)/(1 + exp(x))**2
-    are inf*0 = nan in float32 from x = 45 and x = 89 as the ratio rules leave them (found
-    by an accuracy hunt)."""
+    are inf*0 = nan in float32 from x = 45 and x = 89 as the ratio rules leave them.
+    """
     if not node.is_Mul:
         return None
     powers = dict(f.as_base_exp() for f in node.args)
@@ -742,7 +740,7 @@ def _rule_coth_half(node: sympy.Expr):
     sigmoid(-u)**-k`` -> ``exp(k*u)``: coth written with exponentials, (exp(2x) + 1)/(exp(2x)
     - 1), is inf/inf = nan in float32 from x = 45, and the logistic log density
     log(sigmoid(x)) + log(1 - sigmoid(x))'s gradient ``(1 - sigmoid(x)/sigmoid(-x))*
-    sigmoid(-x)`` inf*0 from x = 89 (a fourth accuracy hunt)."""
+    sigmoid(-x)`` inf*0 from x = 89."""
     if not node.is_Mul:
         return None
     powers = dict(f.as_base_exp() for f in node.args)
@@ -767,8 +765,8 @@ def _rule_coth_half(node: sympy.Expr):
 def _rule_exp_over_expm1(node: sympy.Expr):
     """``exp(u)/expm1(u)**k`` -> ``-expm1(u)**(1 - k)/expm1(-u)``: exp(u)/(exp(u) - 1), the
     derivative of log(exp(x) - 1) (softplus's inverse) and part of x/(exp(x) - 1)'s, is
-    inf/inf = nan from u = 89 in float32 as written, and 1/(1 - exp(-u)) is not (found by
-    an accuracy hunt)."""
+    inf/inf = nan from u = 89 in float32 as written, and 1/(1 - exp(-u)) is not.
+    """
     if not node.is_Mul:
         return None
     powers = dict(f.as_base_exp() for f in node.args)
@@ -813,8 +811,8 @@ def _rule_exp_difference_ratio(node: sympy.Expr):
     (x = 89 in float32) and 0/0 where they underflow, while the log itself is ``x +
     log1mexp(y - x)`` (_rule_log). Then the quotient is bounded on both sides of a = b, and
     _rule_exp_over_expm1 takes an ``exp(b - a)`` left over. (Other exponents would overflow
-    where b > a: ``exp(2*y)/(exp(x) - exp(y))**2`` was nan at (-100, 0) that way, found in
-    review.)"""
+    where b > a: ``exp(2*y)/(exp(x) - exp(y))**2`` was nan at (-100, 0) that way.)
+    """
     if not node.is_Mul or not any(isinstance(f, sympy.exp) for f in node.args):
         return None
     exponent = sympy.Add(*(f.args[0] for f in node.args if isinstance(f, sympy.exp)))
@@ -834,12 +832,12 @@ def _rule_exp_difference_ratio(node: sympy.Expr):
 def _rule_sinh_over_cosh(node: sympy.Expr):
     """``sinh(u)**a*cosh(u)**-b`` -> ``tanh(u)**k*sinh(u)**(a - k)*cosh(u)**(k - b)``, with
     k = min(a, b): sinh(x/2)/cosh(x/2)**3, sigmoid's second derivative as SymPy simplifies
-    it, is inf/inf = nan from x = 179 in float32, where tanh(x/2)/cosh(x/2)**2 is 0 (found
-    by a double-backward survey); so was the gradient of 1/cosh(x)**2, -2*sinh(x)/cosh(x)**3,
-    from |x| = 90 (found in review). The other way round, ``cosh(u)**a*sinh(u)**-b`` ->
+    it, is inf/inf = nan from x = 179 in float32, where tanh(x/2)/cosh(x/2)**2 is 0;
+    so was the gradient of 1/cosh(x)**2, -2*sinh(x)/cosh(x)**3,
+    from |x| = 90. The other way round, ``cosh(u)**a*sinh(u)**-b`` ->
     ``tanh(u)**-k*...``: the Langevin function coth(x) - 1/x's second derivative,
-    2*cosh(x)/sinh(x)**3 - 2/x**3, was nan from |x| = 90 in float32 (found by an accuracy
-    hunt), where autograd differentiating 1/tanh(x) is finite."""
+    2*cosh(x)/sinh(x)**3 - 2/x**3, was nan from |x| = 90 in float32,
+    where autograd differentiating 1/tanh(x) is finite."""
     if not node.is_Mul:
         return None
     powers = dict(f.as_base_exp() for f in node.args)
@@ -860,7 +858,7 @@ _INVERSES = {sympy.atanh: sympy.tanh, sympy.asinh: sympy.sinh}
 
 
 def _rule_inverse(node: sympy.Expr):
-    """atanh(tanh(u)) and asinh(sinh(u)) are u on the reals (found by the fuzz campaign).
+    """atanh(tanh(u)) and asinh(sinh(u)) are u on the reals.
 
     (u = x/y is not provably real, y might be 0, but the generated code computes over the
     reals and the domain probe refuses complex values, so only a provably complex u stays.)
@@ -875,7 +873,7 @@ def _rule_inverse(node: sympy.Expr):
 def _rule_acosh_near_one(node: sympy.Expr):
     """``acosh(1 + u)`` -> ``log1p(u + sqrt(u)*sqrt(u + 2))``, acosh's principal branch: as
     written, 1 + u rounds to 1 where u is small, and the value, about sqrt(2*u), is lost: 0
-    in float32 at u = 1e-8 where it is 1.4e-4 (found by an accuracy hunt). The Poincare-ball
+    in float32 at u = 1e-8 where it is 1.4e-4. The Poincare-ball
     distance ``acosh(1 + 2*|x - y|**2/((1 - |x|**2)*(1 - |y|**2)))`` is of this form, with u
     small for nearby points. (Two roots, not sqrt(u*(u + 2)): u**2 overflows from u = 1.8e19
     in float32. ``u + sqrt(u)*sqrt(u + 2)``, about 2u, still does past half the largest
@@ -893,10 +891,10 @@ def _rule_sigmoid_difference(node: sympy.Expr):
     """``c*sigmoid(a) - c*sigmoid(b)`` with ``b - a`` a number d < 0 -> ``-c*expm1(d)*
     sigmoid(a)*sigmoid(-b)`` (``(exp(a) - exp(b))/((1 + exp(a))*(1 + exp(b)))``; for d > 0
     the same with a and b swapped, so that |expm1(d)| < 1: as -c*expm1(d) the product
-    overflowed, nan at every x for a gap of 100, found in review): where both are near 1
+    overflowed, nan at every x for a gap of 100): where both are near 1
     they round to it, and the difference to 0. softclip ``softplus(x) - softplus(x - 1)``'s
     gradient ``sigmoid(x) - sigmoid(x - 1)`` was 0 in float32 from x = 17, where it is
-    -expm1(-1)*sigmoid(x)*sigmoid(1 - x), 7e-8 (found by an accuracy hunt). (Not for a gap
+    -expm1(-1)*sigmoid(x)*sigmoid(1 - x), 7e-8. (Not for a gap
     that varies, whose sign is unknown.)"""
     if not node.is_Add:
         return None

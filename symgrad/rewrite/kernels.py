@@ -130,9 +130,9 @@ def first_order_kernel(derivative: sympy.Expr, symbols: set[sympy.Symbol]) -> Ke
     Only for a derivative built from analytic functions: two analytic expressions that
     agree at the probe points are equal, but a Piecewise, Min or clamp can agree there and
     differ beyond a breakpoint (Min(x*sigmoid(x), 3) matched SiLU's kernel, and its
-    gradient above 3 was SiLU's, not 0; found in review). Nor with a number factor: then
+    gradient above 3 was SiLU's, not 0). Nor with a number factor: then
     the kernel, its scaled argument and the product cost as much as the formula
-    (2*sigmoid(2*x): 64.1 against 62.9 ms at 1e7; found in review).
+    (2*sigmoid(2*x): 64.1 against 62.9 ms at 1e7).
     """
     if derivative.as_coeff_Mul()[0] != 1 or not _analytic(derivative):
         return None
@@ -215,7 +215,7 @@ def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
 @dataclass(frozen=True)
 class ForwardKernelRule:
     """One ATen activation kernel for forward bodies: the SymPy function printed as its
-    call (stable_functions.ForwardKernel), the transcendental call its formula makes, of an
+    call (functions.ForwardKernel), the transcendental call its formula makes, of an
     argument ``u``, and how to find ``u`` from a node that may be that call."""
 
     function: type
@@ -258,7 +258,7 @@ def with_forward_kernels(expr: sympy.Expr, others: tuple[sympy.Expr, ...] = ()) 
 
     A formula is replaced only where its transcendental call is then gone from ``expr`` and
     ``others`` (x*sigmoid(x) + sigmoid(x), or a second output sigmoid(x), keeps its one
-    sigmoid and a product, cheaper than the sigmoid and a silu; found in review) and the
+    sigmoid and a product, cheaper than the sigmoid and a silu) and the
     expression has fewer operations (-softplus(-x) becomes log_sigmoid(x), softplus(-x)
     stays). ``subs`` finds a formula inside a product or a power too: x**2*sigmoid(x) is
     x*silu(x).

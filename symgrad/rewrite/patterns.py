@@ -149,7 +149,7 @@ def _affine(v: sympy.Expr) -> bool:
     """Whether ``v`` is a sum of numbers times symbols: it overflows only where its inputs
     are near the largest float. (k*v/(a + v) is inf/inf = nan where v overflows, and the sum
     it replaces was k: 1/(1 + x**2) - 1 from |x| = 1.9e19 in float32, 1/(1 + sinh(x)) - 1
-    from x = 89; found in review.)"""
+    from x = 89.)"""
     terms = sympy.Add.make_args(v)
     return all(t.as_coeff_Mul()[1].is_Symbol for t in terms)
 

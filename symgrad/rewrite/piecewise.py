@@ -21,7 +21,7 @@ _OVERFLOWING = (sympy.exp, expm1, sympy.cosh, sympy.sinh, sympy.tan, sympy.gamma
 def _can_overflow(expr: sympy.Expr) -> bool:
     """Whether ``expr`` may be inf where it is not taken: an exp-like function. (Not any
     negative power: 1/(1 + Max(x, 0)) in the gradient of log(1 + Max(x, 0)) cannot be inf,
-    and the Piecewise's guards made its backward 6x slower; found in review. A quotient
+    and the Piecewise's guards made its backward 6x slower. A quotient
     that is inf only where its denominator is exactly 0 makes nan at that point alone.)"""
     return expr.has(*_OVERFLOWING)
 
@@ -31,7 +31,7 @@ def _rule_heaviside_mask(node: sympy.Expr):
     may overflow: printed as ``0.5*(sign(u) + 1)*f`` it is 0*inf = nan where u < 0 and f
     overflows. The derivative of Min(0, u) holds Heaviside(-u)*u': ELU written with Max and
     Min, ``Max(x, 0) + Min(0, exp(x) - 1)``, had a nan gradient from x = 89 in float32, as
-    autograd's has (found by an accuracy hunt); as a Piecewise the untaken branch is cut
+    autograd's has; as a Piecewise the untaken branch is cut
     off (_guard_piecewise)."""
     if not node.is_Mul:
         return None
@@ -128,8 +128,7 @@ def _guard_piecewise(expr: sympy.Basic) -> sympy.Basic:
     for value, condition in node.args:
         if condition is not sympy.true and _never_holds(condition):
             # Never taken, and dropped: where it stayed, unguardable (no point satisfies it),
-            # double backward multiplied its nan by where's zero gradient (found by the fuzz
-            # campaign's gradgradcheck: x**-x for x <= 1/3 & x > 2/3, nan at x < 0).
+            # double backward multiplied its nan by where's zero gradient.
             continue
         taken = condition if condition is not sympy.true else sympy.And(*(sympy.Not(c) for c in previous))
         earlier = sympy.Or(*previous)
@@ -152,7 +151,7 @@ def _entire(value: sympy.Basic) -> bool:
     (an unguarded sigmoid costs one where less, and reads as written: BCE's gradient).
     In exact arithmetic: a power can still overflow in float32 (x**3 from |x| = 7e12)."""
     if value.is_number:
-        return bool(value.is_finite)  # (sqrt(2) too, not only atoms: found in review)
+        return bool(value.is_finite)  # (sqrt(2) too, not only atoms)
     if value.is_Atom:
         return bool(value.is_Symbol)
     if value.is_Add or value.is_Mul:
@@ -172,16 +171,15 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, condition: sympy.Basic,
 
     (Not where ``condition`` alone holds: a middle branch's condition may hold where an
     earlier branch is taken, and x*sqrt(3 - x) under x > 1, after 0 for x > 2, was evaluated
-    at x = 4 and leaked nan into double backward, found in review.)
+    at x = 4 and leaked nan into double backward.)
 
     First choice: the points that ``taken``'s linear bounds give, which keep the branch
     inside its own region (``x > y`` guards ``x`` by ``y + 1``). Where those leave the
     untaken branch's partial derivatives non-finite somewhere (a symbol the condition does
     not bound, as ``z`` in ``hypot(y, log(z))`` under ``x > 0``; an ``Or``, negated or
     nonlinear condition), every symbol of the branch is guarded by a number instead: a
-    point found by probing where the branch and its partial derivatives are finite (found
-    by the fuzz campaign's gradgradcheck: double backward multiplied where's zero by their
-    nan); where no point tried passes, the first of _SAFE_NUMBERS all the same. Where SymPy
+    point found by probing where the branch and its partial derivatives are finite;
+    where no point tried passes, the first of _SAFE_NUMBERS all the same. Where SymPy
     cannot differentiate the branch into something the probe can evaluate, or on a branch
     of over _GUARD_PROBE_MAX_OPS operations, the linear guards stay.
     """
@@ -201,7 +199,7 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, condition: sympy.Basic,
     # autograd's derivative of a step is 0, so only the rest leaks into double backward; and
     # SymPy leaves sign(a*expm1(x/a))'s derivative unevaluated where it cannot tell that the
     # argument is real, which left CELU with its scale as a param unguarded (its second
-    # derivative was nan from x = 88.7*a in float32; found by an accuracy hunt).
+    # derivative was nan from x = 88.7*a in float32).
     probed = _steps_as_constants(value)
     try:
         partials = [probed.diff(s) for s in symbols]
@@ -209,8 +207,7 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, condition: sympy.Basic,
         return linear
     if any(d.has(sympy.Derivative) for d in partials):
         # SymPy left one unevaluated (ceiling's): the probe cannot evaluate it, and putting
-        # a number in for the symbol raised ("can't calculate derivative wrt 4", found by
-        # fuzz campaign 4125).
+        # a number in for the symbol raised ("can't calculate derivative wrt 4").
         return linear
     # One evaluator of the branch and its partials serves both probes where no linear guard
     # changed them (lambdify costs tens of ms a call on a second derivative's branch).
@@ -226,10 +223,10 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, condition: sympy.Basic,
         # made of where's zero there, nan included. (A finite point is preferred only so that
         # no nan is computed at all: torch.autograd.detect_anomaly raises on one in double
         # backward.)
-        # Left unguarded, the nan reached the gradient (fuzz campaigns 4124 and 4125).
+        # Left unguarded, the nan reached the gradient.
         point = (_SAFE_NUMBERS[0],) * len(symbols)
     # ((-x)**(x**2*acosh(x)), under a condition that always holds after a branch taken for
-    # x > 1.1, was nan there: fuzz campaign 4125.)
+    # x > 1.1, was nan there.)
     return _replace_in_values(value, {s: guard(s, condition, p, earlier) for s, p in zip(symbols, point)})
 
 
@@ -252,7 +249,7 @@ def _replace_in_values(expr: sympy.Basic, rule: dict) -> sympy.Basic:
     guard there only costs code. It also cost a hang: with ``guard(x, x < 7, 6)`` on both
     sides of ``x <= loggamma(-log(x)/log(2))``, rebuilding the condition's Piecewise in
     to_elementary asked SymPy whether 6 <= loggamma(-log(6)/log(2)), whose real and
-    imaginary parts it expanded for minutes (found by fuzz campaign 4125).
+    imaginary parts it expanded for minutes.
     """
     if expr in rule:
         return rule[expr]
@@ -276,7 +273,7 @@ def _finite_where_untaken(partials: list[sympy.Expr], safe: dict[sympy.Symbol, s
     """
     try:
         # (Not inside conditions, as the guards are put in: a nested Piecewise's condition
-        # tests the symbol itself, found in review.)
+        # tests the symbol itself.)
         partials = [_replace_in_values(d, safe) for d in partials]
     except (TypeError, ValueError, ArithmeticError):
         return False
@@ -334,7 +331,7 @@ def _moderate_at(evaluate, points, skip: int = 0) -> bool:
 # Branches larger than this keep the linear guards unprobed: differentiating and printing
 # them for the probe took 0.2-0.4 s each on a second derivative's branches of 50-90
 # operations (a three-input Piecewise took 6 s to generate, against 1.5 s unprobed). The
-# bound is the simplification bound (derive.SIMPLIFY_MAX_OPS).
+# bound is the simplification bound (simplify.SIMPLIFY_MAX_OPS).
 
 _GUARD_PROBE_MAX_OPS = 40
 # Where a branch is not taken, its symbols may hold any value: these are the probes, per

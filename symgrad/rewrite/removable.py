@@ -45,14 +45,13 @@ def _vanishing_points(base: sympy.Expr) -> tuple[tuple[sympy.Symbol, sympy.Ratio
     try:
         # Numerically: an exact xreplace builds the value symbolically, and SymPy's
         # Pow of a complex constant (1 - acos(0)**2)**(-1/2) ran for minutes deciding
-        # its sign (found by the fuzz campaign). A false "vanishes" only costs a try:
+        # its sign. A false "vanishes" only costs a try:
         # removable() checks the limit itself.
         value = to_elementary(base).evalf(30, subs={x: sympy.Integer(0)})
         vanishes = bool(value.is_zero) or (value.is_Float and abs(value) < 1e-25)
     except (TypeError, ValueError, ArithmeticError, AttributeError):
         # e.g. Max(zoo, ...) at 0; and SymPy's evalf of cos(log(y)**tanh(E)) at y = 0
-        # raised AttributeError ('NoneType' object has no attribute 'subs'; fuzz
-        # campaign 4131)
+        # raised AttributeError ('NoneType' object has no attribute 'subs')
         vanishes = False
     if vanishes:
         points.append((x, sympy.Integer(0)))
@@ -91,7 +90,7 @@ def _dyadic_zeros(expr: sympy.Expr, x: sympy.Symbol) -> set[sympy.Rational]:
 
 
 # Functions that grow like exp(|z|) or exp(|z|**2) off the real axis, where the Cauchy
-# integrals of stable_functions.removable evaluate them.
+# integrals of series.removable evaluate them.
 
 _EXPLOSIVE = (sympy.exp, expm1, sympy.sinh, sympy.cosh, sympy.gamma, sympy.erf, sympy.erfc, sympy.sin, sympy.cos, sympy.tan)
 

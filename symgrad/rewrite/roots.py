@@ -32,13 +32,12 @@ def _hypot_sum(node: sympy.Add) -> sympy.Expr | None:
 
     ``hypot(u, b) + s*u`` cancels where ``s*u`` is negative and large next to ``b``:
     squareplus ``(x + sqrt(x**2 + 4))/2`` was 0 in float32 from x = -1e4 (truth 1e-4), and
-    its gradient ``x/(2*hypot(x, 2)) + 1/2`` likewise; ``sqrt(x**2 + 1) - x`` from 4096 (found
-    by an accuracy hunt). So would the derivatives of ``r = hypot_plus(u, b)``: ``r/h**2 -
+    its gradient ``x/(2*hypot(x, 2)) + 1/2`` likewise; ``sqrt(x**2 + 1) - x`` from 4096.
+    So would the derivatives of ``r = hypot_plus(u, b)``: ``r/h**2 -
     u*r/h**3`` where ``u`` is large and positive, and ``-b/h**2 + r*b/h**3`` where ``u`` is
     small. Not where ``s*u`` is nonnegative, which cannot cancel; nor for a number ``u``
     (_rule_hypot_excess); nor for a ``b`` that is not a number (``hypot(x, y) - y``): it can
-    be 0, and the quotient is then 0/0 at the origin, where the difference is 0 (found in
-    review).
+    be 0, and the quotient is then 0/0 at the origin, where the difference is 0.
     """
     rewritten = None
     while node.is_Add:
@@ -108,7 +107,7 @@ def _rule_hypot(node: sympy.Expr):
         return None
     twice = 2 * node.exp
     if twice.is_Float and float(twice).is_integer():  # (a Float is never == an Integer)
-        twice = sympy.Integer(int(twice))  # (x**2 + 1)**0.5 is sqrt(x**2 + 1) (found in review)
+        twice = sympy.Integer(int(twice))  # (x**2 + 1)**0.5 is sqrt(x**2 + 1)
     if twice.is_Integer and twice % 2 == 0:
         return None  # an integer power of a sum of squares is a polynomial
     roots = [_square_root(t) for t in node.base.args]
@@ -124,8 +123,8 @@ def _rule_hypot(node: sympy.Expr):
 def _rule_root_excess(node: sympy.Expr):
     """``k*sqrt(A) - k*c`` -> ``k*(A - c**2)/(sqrt(A) + c)`` for a positive number ``c``
     where ``A - c**2`` is no larger than ``A``: ``sqrt(1 + x) - 1`` is ``x/(sqrt(1 + x) + 1)``,
-    which keeps the small part near x = 0 that the difference rounds away (found by an
-    accuracy hunt). The denominator adds two positive numbers, so it cannot cancel. (A sum
+    which keeps the small part near x = 0 that the difference rounds away.
+    The denominator adds two positive numbers, so it cannot cancel. (A sum
     of squares is left to hypot_excess, which does not overflow.)"""
     if not node.is_Add:
         return None
@@ -136,7 +135,7 @@ def _rule_root_excess(node: sympy.Expr):
             continue
         if root.base.has(sympy.exp, expm1, sympy.cosh, sympy.sinh, sympy.gamma):
             # A that overflows makes the quotient inf/inf = nan where the difference was inf
-            # (sqrt(exp(x) + 3) - 1 at x = 100 in float32; found in review)
+            # (sqrt(exp(x) + 3) - 1 at x = 100 in float32)
             continue
         for minus_c in (t / scale for t in terms if t.is_number and t is not term):
             if not (-minus_c).is_positive:
@@ -169,8 +168,7 @@ def _rule_power_minus_value(node: sympy.Expr):
     hypot_excess(u, B)``; ``(B**2 + u**2)**(p/2)`` as the rules write it, which does not
     overflow where u**2 would). As written the power rounds to ``B**p`` near ``D = 0`` and
     the difference to 0: Barron's robust loss ``c*((1 + x**2/b)**p - 1)`` was 0 in float32 at
-    x = 1e-4, and Tukey's biweight ``1 - (1 - x**2)**3`` 3x off there (a fourth accuracy
-    hunt).
+    x = 1e-4, and Tukey's biweight ``1 - (1 - x**2)**3`` 3x off there.
 
     - A positive integer ``p`` (up to _QUOTIENT_MAX_DEGREE, 8; a Float such as 3.0 too) ->
       ``k*D*S``, ``S = A**(p-1) + A**(p-2)*B + ... + B**(p-1)`` by Horner's scheme
@@ -179,7 +177,7 @@ def _rule_power_minus_value(node: sympy.Expr):
       anywhere for an even ``p``; for an odd one, where they do not, the sum loses at most
       p ulps. (The binomial ``u*Q(u)`` cancelled for ``|u|`` beyond ``|B|``: ``(1 + x)**8 - 1``
       was 2.6e-2 off at x = -2.001 in float32; an exponent 3.0 took the expm1 form, nan
-      where ``A < 0``; both found in review.)
+      where ``A < 0``.)
     - ``p = -1`` -> ``-(k/B)*(D/(B + D))``, a quotient without a where: ``c/(a + v) +
       k``, ``1/(1 + x) - 1`` (log(1 + x) - x's gradient) and ``1/(1 + x**2) - 1`` (atan's
       derivative minus 1).
@@ -221,8 +219,8 @@ def _rule_power_minus_value(node: sympy.Expr):
         if p == -1:
             # A**-1 - 1/B == -(D/A)/B, without a where (power_excess's took 3-4x the time of
             # the difference as written at 1e6 float32, most of it two torch.where): log(1 +
-            # x) - x's gradient 1/(1 + x) - 1 was 0 in float32 at x = 1e-8 (a fourth accuracy
-            # hunt). Its own derivative cancels at large D, which has_offset_quotient sees.
+            # x) - x's gradient 1/(1 + x) - 1 was 0 in float32 at x = 1e-8.
+            # Its own derivative cancels at large D, which has_offset_quotient sees.
             # (D/A as _excess_over_base writes it; for an affine D, the number times D first,
             # as SymPy spreads it into the sum.)
             if _affine(excess):
@@ -244,7 +242,7 @@ def _rule_power_minus_value(node: sympy.Expr):
 # Square and fourth roots: one sqrt or pow each, of an exponent a float holds. (Not cube
 # roots: pow(A, 0.3333333333333333) is ln(A)*1.8e-17 off relative, which the sums
 # multiplied, 11 float64 ulps for (1 + x)**(-2/3) - 1 at x = 1e10 against 0.3 as written;
-# found in review.)
+#.)
 
 _ROOT_DENOMINATORS = (2, 4)
 
@@ -262,8 +260,8 @@ def _root_power_difference(a: sympy.Expr, b: sympy.Expr, excess: sympy.Expr, p: 
     - ``a**(-m/q) - b**(-m/q) = -((r - s)*S_m(r, s)/r**m)/s**m``, the quotient by ``r**m``
       kept whole too, at most ``1 - (s/r)**m`` in size: a factor outside it would otherwise
       multiply ``excess`` first (``x*((1 + x)**-0.5 - 1)`` was -inf in float32 from x =
-      5e25; found in review). Where ``excess`` can overflow, it and ``a`` are taken finite
-      (stable_functions.finite): the value tends to ``-b**p`` there, and the quotient
+      5e25). Where ``excess`` can overflow, it and ``a`` are taken finite
+      (functions.finite): the value tends to ``-b**p`` there, and the quotient
       ``inf/inf`` was nan.
 
     Each loses a few ulps of the value at most, near ``a = b`` and far from it, without
@@ -313,10 +311,10 @@ def _root_sums(a, b, excess, whole: int, m: int, r, s, root_difference) -> sympy
 def _number_power(number: sympy.Expr, exponent: sympy.Rational) -> sympy.Expr:
     """``number**exponent`` (a root, or the reciprocal); of a Float, from the Rational it
     holds, at 30 digits, so that it is rounded once when printed (SymPy evaluates
-    ``Float(1e6)**(1/3)`` at 15 digits, printed 99.99999999999997; found in review), and
+    ``Float(1e6)**(1/3)`` at 15 digits, printed 99.99999999999997), and
     a number, not a quotient of big integers that SymPy pulls out of the sums (0.3's
     reciprocal's made a coefficient 2.9e-47, 0 in float32: nan at every x for
-    ``(0.3 + x)**-4.25 - 0.3**-4.25``; found in a second review)."""
+    ``(0.3 + x)**-4.25 - 0.3**-4.25``)."""
     if number.is_Float:
         return (sympy.Rational(number) ** exponent).evalf(30)
     return number**exponent
@@ -337,14 +335,14 @@ def _excess_over_base(b: sympy.Expr, excess: sympy.Expr) -> sympy.Expr:
     ``excess`` overflows: one that can is taken finite, as ``b + excess`` is, so that the
     quotient is 1 there, not inf/inf. (``b + excess`` as written, not ``b + finite(excess)``:
     the difference-of-squares pass factors it, exact near its root, ``1/(1 - x**2) - 1``
-    near x = 1, found in review; and in float16 ``16 + 65504`` would round to inf.)"""
+    near x = 1; and in float16 ``16 + 65504`` would round to inf.)"""
     base, excess = _finite_where_it_overflows(b + excess, excess)
     return norm_ratio(excess, base)
 
 
 def _finite_where_it_overflows(*values: sympy.Expr) -> tuple[sympy.Expr, ...]:
     """``values`` (the last of them an excess) as they are where the excess cannot
-    overflow (_cannot_overflow), else each taken finite (stable_functions.finite)."""
+    overflow (_cannot_overflow), else each taken finite (functions.finite)."""
     if _cannot_overflow(values[-1]):
         return values
     return tuple(finite(v) for v in values)
@@ -373,7 +371,7 @@ def _reciprocal_power_difference(
         return None
     whole, m, q = parts
     # 1/r - 1/s from the roots of a, -((r - s)/r)/s: at a = 0 it is inf, where the root of
-    # 1/a, inf, would make the quotient inf/inf (found in a second review)
+    # 1/a, inf, would make the quotient inf/inf
     a, excess = _finite_where_it_overflows(a, excess)
     r, s, root_difference = _roots(a, b, excess, q)
     return _root_sums(smaller, smaller_b, difference, whole, m, 1 / r, 1 / s, -norm_ratio(root_difference, r) / s)
@@ -383,8 +381,8 @@ def _bounded_above(excess: sympy.Expr) -> bool:
     """Whether ``excess`` stays finite where the inputs are, or can only overflow to -inf:
     for ``p > 0`` a root of ``b + excess`` is inf/inf where it overflows to +inf, where the
     difference as written was inf (taken finite, it would be a wrong finite number: the
-    value grows with ``excess``; ``3*x - 2*y`` overflows from x = 1.1e38 in float32, found
-    in review)."""
+    value grows with ``excess``; ``3*x - 2*y`` overflows from x = 1.1e38 in float32).
+    """
     return _cannot_overflow(excess) or bool(excess.is_nonpositive)
 
 
@@ -419,7 +417,7 @@ def _rule_hypot_excess(node: sympy.Expr):
     (Not for a ``b`` of either sign: for b < 0 the difference does not cancel, and the
     quotient's denominator does. Nor for an expression that is positive in exact arithmetic,
     such as 1/cosh(y): it can round to 0, and then a = 0 gives 0/0 where the difference was
-    0; found in review.)
+    0.)
     """
     if not node.is_Add:
         return None
@@ -516,10 +514,10 @@ def _rule_abs_of_power(node: sympy.Expr):
     """``Abs(b**e)`` -> ``Abs(b)**e`` for a real exponent, equal wherever either is defined
     (|b**e| = |b|**e for the principal power). As written it is nan for a negative base and
     a fractional exponent: SymPy's second derivative of (y**-2)**(y*y), |y|**(-2*y**2),
-    held Abs(y**(1 + 2*y**2)), nan at every y < 0 (found by the fuzz campaign's
-    gradgradcheck). A product is split first, ``Abs(a*b**e)`` -> ``Abs(a)*Abs(b)**e``: a
+    held Abs(y**(1 + 2*y**2)), nan at every y < 0.
+    A product is split first, ``Abs(a*b**e)`` -> ``Abs(a)*Abs(b)**e``: a
     --save speed second derivative of (|y + 3|/|x|)**x held Abs(((y + 3)/x)**x/(y + 3)**2),
-    nan at every x < 0 (fuzz campaign 4124)."""
+    nan at every x < 0."""
     if not isinstance(node, sympy.Abs):
         return None
     if node.args[0].is_Mul and any(_fractional_power(f) for f in node.args[0].args):
@@ -535,7 +533,7 @@ def _rule_sign_abs_power(node: sympy.Expr):
     for an exponent ``e`` that is not an integer: simplify writes the gradient of
     ``abs(x)**p`` (p a param) as ``p*x*Abs(x)**(p - 2)``, whose power overflows where the
     gradient need not: inf at x = 1e-30 in float32 for p = 0.5, where it is 5e14, and its
-    double backward's ``Abs(x)**(p - 3)`` for p = 1.5 (found by an accuracy hunt)."""
+    double backward's ``Abs(x)**(p - 3)`` for p = 1.5."""
     if not node.is_Mul:
         return None
     powers = dict(f.as_base_exp() for f in node.args)
@@ -556,8 +554,8 @@ def real_abs_powers(expr: sympy.Expr) -> sympy.Expr:
     writes it, and nothing else rewritten: for the unstabilised derivative that double
     backward's reference differentiates. SymPy differentiates Abs(x**a) into
     x**a*sign(x**a), nan at every x < 0, so the second derivative of ((x**2)**c)'s
-    |x|**(2c - 2)*x, with the reference nan there too, went unchecked and stayed nan (fuzz
-    campaign 4131)."""
+    |x|**(2c - 2)*x, with the reference nan there too, went unchecked and stayed nan.
+    """
     for _ in range(_MAX_PASSES):
         rewritten = expr.replace(lambda node: isinstance(node, sympy.Abs), lambda node: _rule_abs_of_power(node) or node)
         if rewritten == expr:

@@ -34,7 +34,7 @@ def _near_cancellation(c: sympy.Expr, k: sympy.Expr) -> bool:
 
 
 def _rule_add(node: sympy.Expr):
-    """Cancellations between a constant and a bounded function (see the docstring)."""
+    """Cancellations between a constant and a bounded function (see :mod:`symgrad.rewrite`)."""
     if not node.is_Add:
         return None
     constant, terms = node.as_coeff_Add()
@@ -60,12 +60,12 @@ def _rule_add(node: sympy.Expr):
                 return remainder + constant * sigmoid(-f.args[0])
             if isinstance(f, sigmoid) and same_number(constant, -coeff / 2):  # c*(1 - 2*sigmoid(u))
                 # (the sigmoid derivative's own derivative s*(1 - s)*(1 - 2*s) cancelled
-                # near 0; found by an accuracy hunt; sigmoid(x) - 0.5, 0 in float32 at x =
+                # near 0; sigmoid(x) - 0.5, 0 in float32 at x =
                 # 1e-8, by a fourth)
                 return remainder - constant * sympy.tanh(f.args[0] / 2)
             if f.is_Pow and f.exp == -1 and isinstance(f.base, sigmoid) and same_number(constant, -coeff):
                 # c*(1/sigmoid(u) - 1): BCE's derivative by its target, log(1/sigmoid(x) - 1),
-                # was log(0) = -inf from x = 17 in float32 where it is -x (accuracy hunt)
+                # was log(0) = -inf from x = 17 in float32 where it is -x
                 return remainder + coeff * sympy.exp(-f.base.args[0])
             if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and same_number(constant, -coeff):
                 return remainder + constant * sympy.cosh(f.base.args[0]) ** -2
@@ -76,7 +76,7 @@ def _rule_add(node: sympy.Expr):
                 return remainder + (constant + coeff) - coeff * sympy.cosh(f.base.args[0]) ** -2
             if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and same_number(constant, -coeff):
                 # c*(1/tanh(u) - 1) == 2*c/expm1(2u): rounded to 0 in float32 from u = 9
-                # (coth's derivative written with exponentials; a fourth accuracy hunt)
+                # (coth's derivative written with exponentials)
                 return remainder + 2 * coeff / expm1(_expand(2 * f.base.args[0]))
             if f.is_Pow and f.exp == -1 and isinstance(f.base, sympy.tanh) and same_number(constant, coeff):
                 return remainder - 2 * coeff / expm1(_expand(-2 * f.base.args[0]))  # c*(1/tanh(u) + 1)
@@ -84,11 +84,11 @@ def _rule_add(node: sympy.Expr):
             u = f.args[0]
             half = _expand(-u / 2)
             # (Not of a v with |.|: log(cosh(v))'s own form above |v| = 1, _log_cosh, where it
-            # does not cancel; 2*|x| for log(cosh(2*x)) nested it 5 deep, found in review.)
+            # does not cancel; 2*|x| for log(cosh(2*x)) nested it 5 deep.)
             if not half.has(sympy.Abs) and coeff * half in terms and -coeff * _LOG2 in terms:
                 # v + softplus(-2v) - log(2) == log(cosh(v)), whose own form does not cancel
                 # near 0: torch's TanhTransform log-determinant 2*(log(2) - x - softplus(-2x))
-                # was 0 in float32 at x = 1e-4 (a fourth accuracy hunt)
+                # was 0 in float32 at x = 1e-4
                 return rest - coeff * half + coeff * _LOG2 + coeff * sympy.log(sympy.cosh(half))
             others = rest + coeff * u  # softplus(u) == u + softplus(-u); like terms cancel
             if _size(others) < _size(rest):
@@ -96,21 +96,20 @@ def _rule_add(node: sympy.Expr):
             partner = -coeff * softplus(_expand(-u))  # softplus(u) - softplus(-u) == u (0 - 0 near 0)
             if partner in terms:
                 return rest - partner + coeff * u
-        if isinstance(f, logaddexp):  # logaddexp(a, b) - a == softplus(b - a) (accuracy hunt)
+        if isinstance(f, logaddexp):  # logaddexp(a, b) - a == softplus(b - a)
             a, b = f.args
             if _expand(a + b) == 0 and not a.has(sympy.Abs) and -coeff * _LOG2 in terms:  # logaddexp(v, -v) - log(2)
                 return rest + coeff * _LOG2 + coeff * sympy.log(sympy.cosh(a))
             for a, b in (f.args, f.args[::-1]):
                 # (Not for a b that is a logaddexp itself: b - a would cancel as the sum did,
-                # where _rule_exp_lse subtracts a inside it; 3-input softmax, found in review.)
+                # where _rule_exp_lse subtracts a inside it; 3-input softmax.)
                 if -coeff * a in terms and not b.has(logaddexp):
                     return rest + coeff * a + coeff * softplus(_expand(b - a))
         for factor in sympy.Mul.make_args(term):
             if factor.is_Pow and factor.exp == -1 and isinstance(factor.base, sympy.tanh):
                 # c*A/tanh(u) - c*A == 2*c*A/expm1(2u) (and + c*A, -2*c*A/expm1(-2u)): the
                 # two terms cancel where tanh(u) rounds to 1 (from u = 9 in float32), the
-                # gradient of coth written with exponentials, as the rules distribute it (a
-                # fourth accuracy hunt)
+                # gradient of coth written with exponentials, as the rules distribute it
                 u, without = factor.base.args[0], term / factor
                 if -without in terms:
                     return rest + without + 2 * without / expm1(_expand(2 * u))
@@ -123,7 +122,7 @@ def _rule_add(node: sympy.Expr):
             if -partner in terms:
                 # sigmoid(u) - sigmoid(-u) == tanh(u/2), which does not cancel near 0: the
                 # logistic log density log(sigmoid(x)) + log(sigmoid(-x))'s gradient was 0
-                # in float32 at x = 1e-8 (a fourth accuracy hunt)
+                # in float32 at x = 1e-8
                 return rest + partner + coeff * sympy.tanh(f.args[0] / 2)
     return None
 
@@ -134,8 +133,8 @@ def _rule_large_part(node: sympy.Expr):
     BCE with logits, ``x - x*t + log(1 + exp(-x))``, is ``softplus(x) - t*x`` after the
     rules above: at the hard label t = 1 the loss is softplus(-x), 4e-8 at x = 17, but
     softplus(x) rounds to x in float32 there and the difference is 0 (8.3e-3 off at
-    x = 10); its gradient sigmoid(x) - t rounds the same way (both found by an accuracy
-    hunt). F.binary_cross_entropy_with_logits splits off max(x, 0) for the same reason.
+    x = 10); its gradient sigmoid(x) - t rounds the same way.
+    F.binary_cross_entropy_with_logits splits off max(x, 0) for the same reason.
 
     - ``c*softplus(u) + k*u`` (k free of u's symbols) -> ``where(u > 0, (c + k)*u, k*u) +
       c*softplus(-|u|)``: softplus(u) is max(u, 0) + softplus(-|u|), and the linear parts
@@ -145,7 +144,7 @@ def _rule_large_part(node: sympy.Expr):
     - ``c*Max(u, 0) + k*u`` (k free of u's symbols, not a number) -> ``where(u > 0, (c + k)*u,
       k*u)``: the hand-written BCE with logits, ``Max(x, 0) - x*t + log(1 + exp(-abs(x)))``,
       was 3.5% off at x = 20 with the soft label t = 0.999999 in float32, where ``x - x*t``
-      cancels and ``x*(1 - t)`` is exact (a fifth accuracy hunt).
+      cancels and ``x*(1 - t)`` is exact.
 
     Each part is one node, so the printed sum cannot add the small part first. -|u| is
     where(u > 0, -u, u), not -abs(u): autograd differentiates a backward formula under
@@ -193,16 +192,15 @@ def _rule_xlogy(node: sympy.Expr):
     """``u*log(b)**k`` -> ``xlogy(...xlogy(u, b)..., b)`` (k times, k a positive integer): 0
     where u is 0, as the mathematics is wherever u vanishes faster than the log grows. A
     power of the log comes from differentiating b**y by y twice: --save speed's d2/dy2 of
-    Max(x, 0)**y, b**y*log(b)**2, was 0*inf = nan at every x < 0 (found next to fuzz
-    campaign 4132's finds)."""
+    Max(x, 0)**y, b**y*log(b)**2, was 0*inf = nan at every x < 0.
+    """
     if not node.is_Mul:
         return None
     factors = sympy.Mul.make_args(node)
     logs = [f for f in factors if isinstance(f.as_base_exp()[0], sympy.log) and _positive_integer(f.as_base_exp()[1])]
     if len(logs) != 1 or not logs[0].as_base_exp()[0].args[0].free_symbols:
         # log of a constant is a constant factor: nothing for xlogy to guard, and SymPy may
-        # have folded 200*log(10) into log(10**200), an int beyond float range (found by the
-        # fuzz campaign)
+        # have folded 200*log(10) into log(10**200), an int beyond float range
         return None
     coeff, rest = sympy.Mul(*(f for f in factors if f is not logs[0])).as_coeff_Mul()
     if not rest.free_symbols:
@@ -221,8 +219,7 @@ def _rule_xlogy_absorbs(node: sympy.Expr):
     """``(xlogy(c, b) + r)*F`` -> ``xlogy(c*F, b) + r*F`` where ``F`` holds a power of
     ``b``: xlogy is then 0 where F is (b = 0), as the product is in the limit. --save
     speed's d2/dxdy of Max(x, 0)**y, (1 + xlogy(y, b))*b**(y - 1), was -inf*0 = nan at
-    every x < 0 (found next to fuzz campaign 4132's finds, as were the campaign's own
-    (x > c)**e and Heaviside(x)**e)."""
+    every x < 0 (and so were ``(x > c)**e`` and ``Heaviside(x)**e``)."""
     if not node.is_Mul:
         return None
     for sum_ in (f for f in node.args if f.is_Add):
@@ -250,18 +247,18 @@ def _difference_of_squares(node: sympy.Add):
     near ``|u| = r`` the square's rounding is left in the difference, 56 float32 ulps at x =
     0.999 in ``1 - x**2``, while ``r - u`` is exact there. asin's, acos's and atanh's
     derivatives ``1/sqrt(1 - x**2)`` and ``1/(1 - x**2)`` and the unit circle ``sqrt(1 -
-    x**2)`` have it (found by an accuracy hunt; torch's own asin backward squares). (Even
+    x**2)`` have it (torch's own asin backward squares). (Even
     powers too: ``1 - x**4`` is ``(1 - x**2)*(1 + x**2)``, and the first factor splits
     again. Not ``u**2 - c``, defined on both sides of its roots, whose second-derivative
     Function, below, overflowed at large u where autograd's derivative was right: x/(x**2 -
-    1)'s at x = 3e6 in float32; found in review. SymPy writes acosh's derivative with
+    1)'s at x = 3e6 in float32. SymPy writes acosh's derivative with
     sqrt(x - 1)*sqrt(x + 1) itself.)
 
     A pass after the rules, which would otherwise split ``log(1 - x**2)``'s argument before
-    _rule_log makes it ``log1p(-x**2)``, exact near 0 (found in review). Not for an r that
+    _rule_log makes it ``log1p(-x**2)``, exact near 0. Not for an r that
     rounds: its rounding would be left in ``r - u`` (``1 - 9*x**2`` was 0 in float32 at x =
-    1/3; found in review). autograd's product rule on the factors cancels near u = 0 (asin's
-    second derivative was 0 at x = 1e-8, found in review), so a formula with them gets the
+    1/3). autograd's product rule on the factors cancels near u = 0 (asin's
+    second derivative was 0 at x = 1e-8), so a formula with them gets the
     second-derivative Function (has_difference_of_squares)."""
     if len(node.args) != 2:
         return None

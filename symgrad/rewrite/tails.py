@@ -12,7 +12,7 @@ from .patterns import _exp_factors, _expand, _replace_each, _size, _SQRT2
 
 
 def _rule_normal_tail(node: sympy.Expr):
-    """``log(c*ndtr(u))`` and ``log(c*erfc(u))`` as ``log_ndtr`` (see the module docstring).
+    """``log(c*ndtr(u))`` and ``log(c*erfc(u))`` as ``log_ndtr`` (see :mod:`symgrad.rewrite`).
 
     ``ndtr(u)`` and ``erfc(u)`` underflow in float32 from u = -14 and 10 (float64: -38 and
     27), where their logarithms are about ``-u**2/2`` and ``-u**2``: the log was -inf there.
@@ -104,11 +104,11 @@ def _tail_product(factors: tuple[sympy.Expr, ...], kept: frozenset = frozenset()
     the product as written elsewhere: on the other side ``erfc`` and ``ndtr`` are near 2
     and 1, and ``erfcx`` of a negative argument is about ``2*exp(u**2)``, which overflows
     where the product need not (``exp(-u**2/2)*ndtr(u)``, the skew-normal density, was nan
-    from u = 14 in float32 that way; found in review), and whose ``exp`` amplifies the
+    from u = 14 in float32 that way), and whose ``exp`` amplifies the
     rounding of a scaled argument (ndtr's 1/sqrt(2), or the user's) by ``2*u**2`` (130
     float64 ulps of the probit gradient at u = 20, where the quotient as written is exact;
     ``exp(x**2/2)*erfc(x/sqrt(2))/2`` as ``erfcx`` alone was 515 ulps off at x = -25.5,
-    where the product is 2.7: found by a fuzz campaign in review).
+    where the product is 2.7).
     """
     product = sympy.Mul(*factors)  # (a distributed term's powers joined)
     factors = sympy.Mul.make_args(product)
