@@ -1,13 +1,17 @@
 """Numerically stable rewrites, applied to forward expressions and derivatives alike.
 
 A rewrite applied only to the forward comes back in the derivative (d/dx log1p(u) is
-u'/(1+u) again), so :func:`stabilize` runs after differentiation and simplification too,
+u'/(1+u) again), so :func:`~symgrad.rewrite.engine.stabilize` runs after differentiation and simplification too,
 and its rules also match the forms ``simplify`` produces (``x*exp(x)/(exp(x) + 1)``,
 ``(x + exp(x) + 1)/(4*cosh(x/2)**2)``).
 
 Every rule is an exact identity on the real numbers wherever the original expression is
 defined (tests check this at random points with mpmath); the new forms are finite and
-accurate in float32/float64 wherever the mathematics is. The rules, in order:
+accurate in float32/float64 wherever the mathematics is. The engine (:mod:`.engine`) tries
+the rules in the order of its registry, :data:`~symgrad.rewrite.engine.RULES`, which says
+in a line each why a rule sits where it does; the families are modules of their own
+(:mod:`.exp_log`, :mod:`.roots`, :mod:`.sums`, :mod:`.tails`, :mod:`.piecewise`,
+:mod:`.removable`; :mod:`.cost` chooses cheaper forms). The rewrites, in order:
 
 1. Bottom-up, on every node until nothing changes (our own rules, in place of
    ``sympy.codegen.rewriting``, whose ``log1p_opt``/``expm1_opt`` factor the whole
