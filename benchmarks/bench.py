@@ -434,7 +434,7 @@ def saved_floor_tensors(meta: dict) -> int:
 
     import sympy
 
-    from symgrad.parse import parse_outputs
+    from symgrad.frontend.parse import parse_outputs
 
     outputs = [output.expr for output in parse_outputs(meta["expr"])]
     by_name = {s.name: s for e in outputs for s in e.free_symbols}

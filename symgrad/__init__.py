@@ -18,12 +18,11 @@ The ``symgrad`` command (``symgrad EXPR --name NAME``, ``symgrad build``, ``rege
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .api import build_spec as build_spec  # noqa: E402
-from .api import generate_file as generate_file  # noqa: E402
-from .api import generate_source as generate_source  # noqa: E402
-from .errors import SymgradError as SymgradError  # noqa: E402
-from .spec import Spec as Spec  # noqa: E402
+from .api import build_spec as build_spec
+from .api import generate_file as generate_file
+from .api import generate_source as generate_source
+from .errors import SymgradError as SymgradError
+from .spec import Spec as Spec
+from .version import __version__ as __version__
 
 __all__ = ["__version__", "SymgradError", "Spec", "build_spec", "generate_file", "generate_source"]

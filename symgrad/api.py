@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from . import __version__
+from .version import __version__
 from .derive import derive
 from .errors import SymgradError
 from .naming import check_class_name
-from .parse import parse_spec
+from .frontend.parse import parse_spec
 from .plan import make_plan
 from .codegen.render import render, template_dir, template_fingerprint, template_name
 from .spec import SAVE_POLICIES, Spec

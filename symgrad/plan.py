@@ -26,10 +26,12 @@ from .derive import (
 )
 from .errors import SymgradError
 from .inplace import FUSED_TERM, IN_PLACE_CALL, reuse_buffers
-from .kernels import whole_gradient_kernel
+from .rewrite.kernels import whole_gradient_kernel
 from .naming import RESERVED, Namer, check_class_name
-from .codegen.printer import COMPILED_CALLS, HELPERS, numbers_to_floats, print_torch
-from .stable_functions import TaylorPolynomial, expand_functions
+from .math.numbers import numbers_to_floats
+from .codegen.printer import COMPILED_CALLS, HELPERS, print_torch
+from .math.functions import expand_functions
+from .math.series import TaylorPolynomial
 
 INDENT = "    "
 # Functions whose arguments must be tensors: a param passed as a Python number is

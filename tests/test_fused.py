@@ -145,7 +145,7 @@ MP_FUNCTIONS = {
 @pytest.mark.parametrize("expr", sorted(MP_FUNCTIONS))
 def test_fused_cheaper_forms_keep_double_backward_exact(expr, tmp_path, device):
     """The fused bodies compute tanh's 1/cosh(x)**2 and sigmoid's derivative from one sigmoid
-    of -|x|, and Mish from one sigmoid (derive.cheaper_fused_form); double backward
+    of -|x|, and Mish from one sigmoid (cost.cheaper_fused_form); double backward
     differentiates those bodies eagerly, so they must be exact under autograd too, at 0 and
     in the tails."""
     fused = import_source(symgrad.generate_source(expr, "CheapFused", fuse=True), tmp_path)

@@ -53,8 +53,8 @@ from hypothesis import strategies as st
 
 import symgrad
 from symgrad import SymgradError
-from symgrad.functions import FUNCTIONS, REDUCTIONS
-from symgrad.parse import parse_outputs
+from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
+from symgrad.frontend.parse import parse_outputs
 
 settings.register_profile(
     "ci",
@@ -916,8 +916,8 @@ def test_interval_in_a_stabilised_gradient_is_refused():
     an interval, not a value, and is refused in one line. The campaign find that first reached
     it now keeps its unsimplified derivative and passes, so the guard is checked directly."""
     from symgrad.api import build_spec
-    from symgrad.derive import _refuse_interval_values
-    from symgrad.parse import parse_spec
+    from symgrad.derive.gradients import _refuse_interval_values
+    from symgrad.frontend.parse import parse_spec
 
     parsed = parse_spec(build_spec("x**2", "Probe"))
     x = parsed.inputs[0]
@@ -949,8 +949,9 @@ def test_domain_probe_refuses_what_it_cannot_print():
     import dataclasses
 
     from symgrad.api import build_spec
-    from symgrad.derive import derive, sampling_domain
-    from symgrad.parse import parse_spec
+    from symgrad.derive.domain import sampling_domain
+    from symgrad.derive.gradients import derive
+    from symgrad.frontend.parse import parse_spec
 
     derivation = derive(parse_spec(build_spec("x**2", "Probe")))
     x = derivation.parsed.inputs[0]
@@ -965,7 +966,7 @@ def test_probes_evaluate_a_constant_special_function_once_per_precision():
     again at every point of every candidate form (the campaign find hypot(...)**(erf(30)**y)
     took 110 s to generate, nearly all of it in erf; now 4). Remembered, it is evaluated
     once per precision, and the values are the ones mpmath gives."""
-    from symgrad import probe
+    from symgrad.math import probe
 
     y = sympy.Symbol("y", real=True)
     evaluate = probe.real_only(probe.probe_code([y], sympy.erf(30) ** y))
@@ -983,11 +984,11 @@ def test_probes_evaluate_a_constant_special_function_once_per_precision():
 def test_stable_functions_mpmath_values_are_remembered_too(function):
     """Their mpmath implementations call probe.REMEMBERED's erfc: a constant ndtr(30) in the
     campaign find above took 90 s to generate, erfcx(30) 64 s (a review find)."""
-    from symgrad import probe, stable_functions
+    from symgrad.math import functions, probe
 
     remembered_erfc = probe.REMEMBERED["erfc"]
     remembered_erfc.cache_clear()
-    implementation = getattr(stable_functions, function)._imp_
+    implementation = getattr(functions, function)._imp_
     with mpmath.workprec(2048):
         values = [implementation(mpmath.mpf(-3)) for _ in range(5)]
     assert len(set(values)) == 1
@@ -998,7 +999,7 @@ def test_remembered_values_are_what_the_function_gives():
     """Keys hold the precision and the arguments' types: mpf(30) and mpc(30, 0) are equal
     keys, but mpmath's erf gives an mpf for one and an mpc for the other (a review find).
     Unhashable arguments pass through, and a failure is raised again, not remembered."""
-    from symgrad import probe
+    from symgrad.math import probe
 
     erf = probe.remembered(mpmath.erf)
     for bits in (24, 53, 64, 2048):
@@ -1017,7 +1018,7 @@ def test_trig_abstraction_reaches_calls_rebuilt_with_their_sign():
     pass abstracts too; the map back restores the expression."""
     import sympy
 
-    from symgrad.derive import _TRIG, _abstract_trig_arguments
+    from symgrad.math.simplify import _TRIG, _abstract_trig_arguments
 
     x, y = sympy.symbols("x y", real=True)
     second = sympy.diff(sympy.cosh(sympy.cosh(x) - y) * sympy.asinh(x), x, 2)
@@ -1033,7 +1034,7 @@ def test_simplify_skips_piecewise_conditions_of_many_comparisons():
     comparisons (repeats included) is not simplified (campaign 37); a small one is."""
     import sympy
 
-    from symgrad.derive import SIMPLIFY_MAX_COMPARISONS, _condition_comparisons, _simplify_is_bounded
+    from symgrad.math.simplify import SIMPLIFY_MAX_COMPARISONS, _condition_comparisons, _simplify_is_bounded
 
     x = sympy.Symbol("x", real=True)
     small = sympy.Piecewise((x**2, (x > 1) & (x < 3)), (x, True))
@@ -1050,7 +1051,7 @@ def test_simplify_counts_comparisons_in_disjunctive_form():
     4135); the same condition without the negation is."""
     import sympy
 
-    from symgrad.derive import _condition_comparisons, _simplify_is_bounded
+    from symgrad.math.simplify import _condition_comparisons, _simplify_is_bounded
 
     x = sympy.Symbol("x", real=True)
     inner = (x <= 10) & (x > sympy.E) & (x < sympy.pi)
@@ -1068,7 +1069,7 @@ def test_trig_in_a_power_of_a_sum_is_abstracted():
     symbols while simplifying; a plain tanh(x)**2, or a sum to the power 1, does not."""
     import sympy
 
-    from symgrad.derive import _mixes_trig
+    from symgrad.math.simplify import _mixes_trig
 
     x = sympy.Symbol("x", real=True)
     assert _mixes_trig((sympy.tanh(x) - x**-2) ** -3)

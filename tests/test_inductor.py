@@ -46,7 +46,7 @@ SECOND_ARGUMENT = {"atan2": 0.7, "logaddexp": 0.3, "hypot": 0.3, "xlogy": 1.7}
 def _printed_functions():
     """(name, torch callable, sample points) for every function of the table that the printer
     spells as one torch function."""
-    from symgrad.functions import FUNCTIONS
+    from symgrad.frontend.grammar import FUNCTIONS
 
     out = []
     for entry in sorted(FUNCTIONS.values(), key=lambda e: e.name):

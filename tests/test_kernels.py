@@ -8,9 +8,9 @@ import pytest
 import sympy
 import torch
 
-from symgrad import stable_functions as sf
 from symgrad.api import generate_source
-from symgrad.kernels import FORWARD_KERNELS, KERNELS, first_order_kernel, with_forward_kernels
+from symgrad.math import functions as sf
+from symgrad.rewrite.kernels import FORWARD_KERNELS, KERNELS, first_order_kernel, with_forward_kernels
 
 X, Y = sympy.symbols("x y", real=True)
 S = sf.sigmoid

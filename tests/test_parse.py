@@ -13,8 +13,8 @@ import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
 from symgrad import SymgradError
-from symgrad.functions import FUNCTIONS, REDUCTIONS
-from symgrad.parse import MAX_DEPTH, MAX_LENGTH, MAX_NODES, MAX_OUTPUTS, parse_outputs, parse_spec
+from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
+from symgrad.frontend.parse import MAX_DEPTH, MAX_LENGTH, MAX_NODES, MAX_OUTPUTS, parse_outputs, parse_spec
 from symgrad.spec import Spec
 
 x, y, z = sympy.symbols("x y z", real=True)

@@ -16,12 +16,13 @@ import pytest
 import sympy
 import torch
 
-from symgrad import stable_functions as sf
 from symgrad.errors import SymgradError
-from symgrad.functions import FUNCTIONS, REDUCTIONS
+from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
 from symgrad.inplace import reuse_buffers
+from symgrad.math import functions as sf
+from symgrad.math import series as taylor
 from symgrad.codegen.printer import HELPERS, PRINTERS, print_torch
-from symgrad.stable import stabilize
+from symgrad.rewrite.engine import stabilize
 
 X, Y = sympy.symbols("x y", real=True)
 NAMES = {X: "x", Y: "y"}
@@ -242,7 +243,7 @@ def test_constants_follow_dtype(expr, dtype):
 
 def test_removable_prints_a_guarded_series_and_closed_form():
     expr = stabilize(sympy.sin(X) / X)
-    assert isinstance(expr, sf.Removable)
+    assert isinstance(expr, taylor.Removable)
     code = print_torch(expr, NAMES)
     assert code.count("torch.where") >= 2 and "torch.sin" in code
     # Both branches are evaluated at a guarded argument: the series' powers overflow far
@@ -383,9 +384,9 @@ def test_taylor_series_print_as_horner_without_general_powers(expr, argument):
     """Each series term c*x**n printed as such ran torch's pow kernel once per term (sin(x)/x
     forward and backward took 2x as long); Horner's scheme needs only x**2 at most."""
     made = stabilize(expr)
-    assert isinstance(made, sf.Removable)
+    assert isinstance(made, taylor.Removable)
     series = type(made).series_at(X)
-    polynomials = list(series.atoms(sf.TaylorPolynomial))
+    polynomials = list(series.atoms(taylor.TaylorPolynomial))
     assert len(polynomials) == 1
     (polynomial,) = polynomials
     assert polynomial.args[0] == (X if argument == "mixed" else X**2)
@@ -400,17 +401,17 @@ def test_taylor_series_print_as_horner_without_general_powers(expr, argument):
 
 
 def test_polynomial_text_is_horners_scheme_and_skips_zero_coefficients():
-    assert sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s") == "s * (s * (0.25 * s) - 0.5) + 1.0"
-    text = sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s")
+    assert taylor._polynomial_text((1.0, -0.5, 0.0, 0.25), "s") == "s * (s * (0.25 * s) - 0.5) + 1.0"
+    text = taylor._polynomial_text((1.0, -0.5, 0.0, 0.25), "s")
     assert "**" not in text
     for s in (-3.0, -0.5, 0.0, 0.7, 2.0):
         assert eval(text, {"s": s}) == pytest.approx(1.0 - 0.5 * s + 0.25 * s**3, rel=1e-15)
-    assert sf._polynomial_text((0.0, 0.0, 2.0), "s") == "s * (2.0 * s)"
-    assert sf._polynomial_text((3.0,), "s") == "3.0"
-    assert sf._polynomial_text((0.0, 0.0), "s") == "0.0 * s"
-    assert sf._polynomial_text((-1.0, -2.0), "a + b") == "-2.0 * (a + b) - 1.0"
+    assert taylor._polynomial_text((0.0, 0.0, 2.0), "s") == "s * (2.0 * s)"
+    assert taylor._polynomial_text((3.0,), "s") == "3.0"
+    assert taylor._polynomial_text((0.0, 0.0), "s") == "0.0 * s"
+    assert taylor._polynomial_text((-1.0, -2.0), "a + b") == "-2.0 * (a + b) - 1.0"
     # In place: one chain on the innermost product's buffer, no number-minus-tensor kernel.
-    (line,), _ = reuse_buffers(("r = " + sf._polynomial_text((1.0, -0.5, 0.0, 0.25), "s"),), "", frozenset({"s"}), frozenset(), frozenset())
+    (line,), _ = reuse_buffers(("r = " + taylor._polynomial_text((1.0, -0.5, 0.0, 0.25), "s"),), "", frozenset({"s"}), frozenset(), frozenset())
     assert line == "r = (0.25 * s).mul_(s).sub_(0.5).mul_(s).add_(1.0)"
 
 

@@ -29,11 +29,12 @@ from torch.autograd import gradcheck, gradgradcheck
 
 from sympy.codegen.cfunctions import expm1, log1p
 
-from symgrad import stable
-from symgrad import stable_functions as sf
 from symgrad.api import generate_source
 from symgrad.errors import SymgradError
-from symgrad.stable import stabilize
+from symgrad.math import functions as sf
+from symgrad.math import series as taylor
+from symgrad.rewrite import engine, exp_log, piecewise, removable, roots, sums, tails
+from symgrad.rewrite.engine import stabilize
 
 from conftest import compiled_at_every_size
 
@@ -139,12 +140,12 @@ CASES = [
     Case("sigmoid", "1/(1+exp(-x))", lambda x: 1 / (1 + mpmath.exp(-x)), kernel=torch.sigmoid),
     # The same, written with exp(x) on top: simplify expanded its derivative's denominator,
     # (1 + exp(x))**2, and the logaddexp form made of that was 14 float32 ulps off at x = -10
-    # (accuracy hunt; stable._rule_factor_exp_sum factors it back into two sigmoids).
+    # (accuracy hunt; exp_log._rule_factor_exp_sum factors it back into two sigmoids).
     Case("sigmoid_exp", "exp(x)/(1+exp(x))", lambda x: mpmath.exp(x) / (1 + mpmath.exp(x)), kernel=torch.sigmoid),
     Case("tanh", "tanh(x)", mpmath.tanh, kernel=torch.tanh),
     # Removable singularities whose closed form has a root: the gradient of the first was 0 in
     # float32 at |x| = 1e-8, where it is -1/8, and the second was 1 there, where it is e (a
-    # fifth accuracy hunt; stable_functions._analytic_candidate takes a root of a base
+    # fifth accuracy hunt; sf._analytic_candidate takes a root of a base
     # positive at the center, which is analytic there).
     Case(
         "root_over_x",
@@ -192,7 +193,7 @@ CASES = [
     Case("sinc", "sin(x)/x", _sinc),
     Case("exprel", "(exp(x)-1)/x", _exprel),
     # (its second derivative, 2*cosh(x)/sinh(x)**3 - 2/x**3 as SymPy writes it, was nan from
-    # |x| = 90 in float32: stable._rule_sinh_over_cosh; found by an accuracy hunt)
+    # |x| = 90 in float32: exp_log._rule_sinh_over_cosh; found by an accuracy hunt)
     # (its gradient (1/hypot(x, 1) - asinh(x)/x)/x cancelled near 0, 0 in float32 below
     # |x| = 1e-4: the removable-singularity search did not take hypot; an accuracy hunt)
     # (Above the series' reach, at |x| = 0.3, the closed form's two terms still cancel by
@@ -204,11 +205,11 @@ CASES = [
         rtol={torch.float32: 4e-6},
     ),
     # (its gradient was inf*0 = nan from x = 89 in float32, where naive autograd is right:
-    # stable._expm1_partner; a third accuracy hunt)
+    # exp_log._expm1_partner; a third accuracy hunt)
     Case("one_minus_exp_over_x", "(1 - exp(-x))/x", lambda x: mpmath.mpf(1) if x == 0 else -mpmath.expm1(-x) / x),
     # (x/(1 - exp(-x)): its gradient -(x - expm1(x))/(4*sinh(x/2)**2) was inf/inf = nan from
     # x = 89 in float32, where naive autograd is right, and its second derivative 0 from x =
-    # 20: stable._expm1_partner meets expm1(u) with sinh(u/2)**-2, and a Removable's
+    # 20: exp_log._expm1_partner meets expm1(u) with sinh(u/2)**-2, and a Removable's
     # derivative is rewritten as any derivative is; a third accuracy hunt)
     Case(
         "x_over_one_minus_exp",
@@ -216,7 +217,7 @@ CASES = [
         lambda x: mpmath.mpf(1) if x == 0 else -x / mpmath.expm1(-x),
         points=tuple((p,) for p in POINTS + [88.0, -88.0, 700.0, -700.0]),
     ),
-    # Removable singularities away from 0 (stable._singular_points: a polynomial's dyadic
+    # Removable singularities away from 0 (removable._singular_points: a polynomial's dyadic
     # roots, log(p) where p = 1): log(x)/(x - 1) and the logarithmic mean (x - 1)/log(x) of x
     # and 1 were 0/0 = nan at x = 1, and their gradients cancelled near it (log(x)/(x - 1)'s
     # 2e-4 off in float32 at x = 1.001, its second derivative 34%; a third accuracy hunt).
@@ -236,10 +237,10 @@ CASES = [
     ),
     # Found by a fourth accuracy hunt: the logistic log density as a sum of logs, whose
     # gradient (1 - sigmoid(x)/sigmoid(-x))*sigmoid(-x) was inf*0 = nan from x = 89 in
-    # float32 and sigmoid(-x) - sigmoid(x) 0 at x = 1e-8 (stable._rule_coth_half, _rule_add:
+    # float32 and sigmoid(-x) - sigmoid(x) 0 at x = 1e-8 (exp_log._rule_coth_half, _rule_add:
     # -tanh(x/2)); sigmoid(x) - 0.5, 0 at x = 1e-8 (a Float that is 1/2); coth written with
     # exponentials, nan from x = 45; Barron's robust loss and Tukey's biweight, 0 and 3x off
-    # at x = 1e-4 (stable._rule_power_minus_value); and torch's TanhTransform log-determinant,
+    # at x = 1e-4 (roots._rule_power_minus_value); and torch's TanhTransform log-determinant,
     # 0 at x = 1e-4 (log(cosh(x)) in disguise).
     Case(
         "logistic_log_density_sum",
@@ -260,7 +261,7 @@ CASES = [
     # review): the binomial sum cancelled for |x| > 1 ((1 + x)**8 - 1 was 2.6e-2 off at x =
     # -2.001 in float32), the expm1 form lost |p*log1p(x)| ulps far from 0 ((1 + x)**7.5 - 1,
     # 5.4e-6 off at x = 1e4), and an exponent 3.0 took that form, nan below x = -1
-    # (stable._rule_power_minus_value, stable_functions.power_excess)
+    # (roots._rule_power_minus_value, sf.power_excess)
     Case(
         "power_minus_value",
         "(1 + x)**8 - 1",
@@ -278,7 +279,7 @@ CASES = [
     # x = 1e-4), nor did c/(a + v) + k for a v that can overflow (1/(1 + x**2) - 1, atan's
     # derivative minus 1); the switch to the form as written sat too near 0 for a large p
     # (30 float32 ulps for 20.5) and too far from -1 for a small one ((1 + x)**0.001 - 1, 7e-6
-    # off at x = -0.9865); all found in review (stable_functions.power_excess)
+    # off at x = -0.9865); all found in review (sf.power_excess)
     Case("inverse_root_minus_one", "1/sqrt(1 + x**2) - 1", lambda x: 1 / mpmath.sqrt(1 + x**2) - 1),
     Case("inverse_square_minus_one", "1/(1 + x**2) - 1", lambda x: 1 / (1 + x**2) - 1),
     # (its denominator as written, factored near its root: 420 float32 ulps off at x = 0.9999
@@ -313,7 +314,7 @@ CASES = [
         points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-8, 0.3, -0.5, -1.5, -2.0, -3.0, 100.0, -100.0, 1e4)),
     ),
     # A power with a denominator of 2 or 4 minus its value, as sums of positive terms in its
-    # roots, without power_excess's where (stable._root_power_difference): square and fourth
+    # roots, without power_excess's where (roots._root_power_difference): square and fourth
     # roots, a negative fraction, and an A that only falls (A <= B); and a cube root, which
     # keeps power_excess (pow's inexact exponent 1/3 cost up to 44 float64 ulps in the sums;
     # found in review)
@@ -325,7 +326,7 @@ CASES = [
         lambda x: mpmath.cbrt(1 + x**2) - 1,
         points=tuple((p,) for p in (0.0, 1e-8, -1e-8, 1e-4, 0.3, -0.5, 3.0, -100.0, 1e4, 1e10)),
     ),
-    # Below -1, of the reciprocals 1/A and 1/B (stable._reciprocal_power_difference):
+    # Below -1, of the reciprocals 1/A and 1/B (roots._reciprocal_power_difference):
     # Barron's loss with alpha = -4, and a fraction
     Case(
         "barron_negative_alpha",
@@ -352,7 +353,7 @@ CASES = [
         points=tuple((p,) for p in (0.0, 1e-30, 1e-8, -1e-4, 0.3, -0.5, 0.9, 0.999, -0.9999999)),
     ),
     # The log-determinant of SAC's tanh squashing, log(1 - tanh(x)**2 + 1e-6), was 3.4e-3 off
-    # in float32 from |x| = 10, where tanh(x)**2 rounds to 1 (stable._near_cancellation: 1e-6
+    # in float32 from |x| = 10, where tanh(x)**2 rounds to 1 (sums._near_cancellation: 1e-6
     # + cosh(x)**-2). (Not below |x| = 1/2: float32 cannot hold 1 + 1e-6, 4.6e-2 off as the
     # sum; nor above 20: its gradient -2*tanh(x)/(1e-6*sinh(x)**2 + 1), as simplify writes
     # it, is 0 from |x| = 45, where the square overflows. float64 to 1e-10: the constant
@@ -366,11 +367,11 @@ CASES = [
     ),
     Case("tanh_flow_log_det", "2*(log(2) - x - softplus(-2*x))", lambda x: -2 * mpmath.log(mpmath.cosh(x))),
     # log(tanh(x)) was 96% off at x = 9 in float32 and 0 above, where it is about -2*exp(-2x)
-    # (stable._rule_log; a third accuracy hunt)
+    # (exp_log._rule_log; a third accuracy hunt)
     Case("log_tanh", "log(tanh(x))", lambda x: mpmath.log(mpmath.tanh(x)), where=lambda x: x > 0),
     # 1 - x**2 kept the square's rounding near |x| = 1 (56 float32 ulps at x = 0.999), and so
     # did asin's, acos's and atanh's derivatives and the circle sqrt(1 - x**2), as torch's
-    # own asin backward does (stable._difference_of_squares; a third accuracy hunt)
+    # own asin backward does (sums._difference_of_squares; a third accuracy hunt)
     Case(
         "asin",
         "asin(x)",
@@ -382,7 +383,7 @@ CASES = [
     Case("atanh", "atanh(x)", mpmath.atanh, kernel=torch.atanh, where=lambda x: abs(x) < 1, points=_NEAR_ONE),
     Case("circle", "sqrt(1 - x**2)", lambda x: mpmath.sqrt(1 - x**2), where=lambda x: abs(x) < 1, points=_NEAR_ONE),
     # log(exp(x) - exp(y)) (log-diff-exp) was inf or nan where the exps overflow, and its
-    # gradients inf/inf (stable._rule_log, _rule_exp_difference_ratio; README's open list)
+    # gradients inf/inf (exp_log._rule_log, _rule_exp_difference_ratio; README's open list)
     Case(
         "log_diff_exp",
         "log(exp(x) - exp(y))",
@@ -392,7 +393,7 @@ CASES = [
         where=lambda x, y: x - y > 1e-20,
         domain={"x": (1.0, 2.0), "y": (-2.0, -1.0)},
     ),
-    # Two sigmoids a number apart (stable._rule_sigmoid_difference): softclip's gradient
+    # Two sigmoids a number apart (exp_log._rule_sigmoid_difference): softclip's gradient
     # sigmoid(x) - sigmoid(x - 1) was 0 in float32 from x = 17 (a third accuracy hunt), and
     # the bump between two of them likewise (0 from x = 18, where it is 4e-8).
     Case(
@@ -408,10 +409,10 @@ CASES = [
         where=lambda x: abs(x) >= 0.3,
     ),
     # LiSHT: its second derivative with --save speed, -(2*x*sinh(x) - 2*cosh(x))/cosh(x)**3,
-    # was inf/inf = nan from |x| = 90 in float32 (stable._cosh_power_sums; an accuracy hunt)
+    # was inf/inf = nan from |x| = 90 in float32 (exp_log._cosh_power_sums; an accuracy hunt)
     Case("lisht", "x*tanh(x)", lambda x: x * mpmath.tanh(x)),
     # acosh(1 + u) lost u where 1 + u rounds to 1: 0 in float32 at u = 1e-8, where it is
-    # 1.4e-4 (stable._rule_acosh_near_one; an accuracy hunt). The Poincare distance is one.
+    # 1.4e-4 (exp_log._rule_acosh_near_one; an accuracy hunt). The Poincare distance is one.
     Case("acosh_one_plus", "acosh(1 + x)", lambda x: mpmath.acosh(1 + x), where=lambda x: x > 0),
     Case(
         "poincare_distance",
@@ -419,7 +420,7 @@ CASES = [
         lambda x, y: mpmath.acosh(1 + 2 * (x - y) ** 2 / ((1 - x**2) * (1 - y**2))),
         inputs=("x", "y"),
         domain={"x": (0.1, 0.5), "y": (-0.5, -0.1)},  # (away from x = y, where it has a kink)
-        # (near |x| = 1 too, where 1 - x**2 rounded as written: stable._difference_of_squares)
+        # (near |x| = 1 too, where 1 - x**2 rounded as written: sums._difference_of_squares)
         points=((1e-30, 0.0), (1e-8, -1e-8), (0.3, 0.3001), (0.5, -0.5), (-0.9, 0.2), (1e-4, 0.7), (0.999, -0.5), (0.3, -0.9999)),
     ),
     Case("langevin", "1/tanh(x) - 1/x", _langevin),
@@ -431,7 +432,7 @@ CASES = [
         where=lambda x: x != 0,
     ),
     # Logarithms of densities, written as the log of the density: -inf from |x| = 14 and 88
-    # in float32 where the product underflows (stable._rule_log_product; an accuracy hunt)
+    # in float32 where the product underflows (exp_log._rule_log_product; an accuracy hunt)
     Case("gauss_log_density", "log(exp(-x**2/2)/sqrt(2*pi))", lambda x: -(x**2) / 2 - mpmath.log(2 * mpmath.pi) / 2),
     Case(
         "logistic_log_density",
@@ -439,7 +440,7 @@ CASES = [
         lambda x: -abs(x) - 2 * mpmath.log1p(mpmath.exp(-abs(x))),
     ),
     # (written with Max and Min: its gradient was 0*inf = nan from x = 89 in float32, as
-    # autograd's is; stable._rule_heaviside_mask, found by an accuracy hunt)
+    # autograd's is; piecewise._rule_heaviside_mask, found by an accuracy hunt)
     Case(
         "elu_max_min",
         "Max(x, 0) + Min(0, exp(x) - 1)",
@@ -457,12 +458,12 @@ CASES = [
         "(1-cos(x))/x**2",
         lambda x: mpmath.mpf(1) / 2 if x == 0 else (1 - mpmath.cos(x)) / x**2,
     ),
-    # sqrt(1 + x**2) - 1 is 0 in float32 below |x| = 2.4e-4 as written (stable.hypot_excess)
+    # sqrt(1 + x**2) - 1 is 0 in float32 below |x| = 2.4e-4 as written (sf.hypot_excess)
     Case("pseudo_huber", "sqrt(1+x**2)-1", lambda x: mpmath.sqrt(1 + x**2) - 1),
     # with delta = 2. (The gradient by delta itself, were it an input, cancels near x = 0:
     # 2*d*(hypot(x/d, 1) - 1) - x**2/(d*hypot(x/d, 1)) is d*(hypot(x/d, 1) - 1)**2/hypot(x/d, 1).)
     Case("pseudo_huber_scaled", "4*(sqrt(1+(x/2)**2)-1)", lambda x: 4 * (mpmath.sqrt(1 + (x / 2) ** 2) - 1)),
-    # A root plus what it nearly cancels (stable._hypot_sum, stable_functions.hypot_plus):
+    # A root plus what it nearly cancels (roots._hypot_sum, sf.hypot_plus):
     # squareplus was 0 in float32 from x = -1e4 (truth 1e-4), sqrt(x**2 + 1) - x from 4096,
     # and their gradients likewise; found by an accuracy hunt.
     Case("squareplus", "(x + sqrt(x**2 + 4))/2", lambda x: (x + mpmath.sqrt(x**2 + 4)) / 2),
@@ -474,38 +475,38 @@ CASES = [
     # it is -1: found in review)
     Case("root_minus_x_times_y", "y*(sqrt(x**2 + 1) - x)", lambda x, y: y * (mpmath.sqrt(x**2 + 1) - x), inputs=("x", "y")),
     # Found by an accuracy hunt: cosh overflows (inf from |x| = 89 in float32), and log(1 + ...)
-    # loses the small part near 0; stable._log_cosh.
+    # loses the small part near 0; exp_log._log_cosh.
     Case("logcosh", "log(cosh(x))", lambda x: mpmath.log(mpmath.cosh(x))),
     # TanhExp: its gradient's exp(x)*sigmoid(-2*exp(x)) was inf*0 = nan from x = 89 in float32
-    # (stable._sigmoid_of_exp joins the exponentials; an accuracy hunt).
+    # (exp_log._sigmoid_of_exp joins the exponentials; an accuracy hunt).
     Case("tanhexp", "x*tanh(exp(x))", lambda x: x * mpmath.tanh(mpmath.exp(x))),
     # sinh overflows from x = 89 in float32, and the log was inf there (the von Mises-Fisher
-    # log-normaliser log(k) - log(sinh(k)) -inf; an accuracy hunt): stable_functions.log_sinh.
+    # log-normaliser log(k) - log(sinh(k)) -inf; an accuracy hunt): sf.log_sinh.
     Case("log_sinh", "log(sinh(x))", lambda x: mpmath.log(mpmath.sinh(x)), where=lambda x: x > 0),
     # ... and in a ratio or a power: log(x/sinh(x)) (the von Mises-Fisher log-normaliser
     # log(k/sinh(k))) and log(sinh(x)**2) were -inf from |x| = 89 in float32
-    # (stable._log_sinh_ratio; a third accuracy hunt)
+    # (exp_log._log_sinh_ratio; a third accuracy hunt)
     Case("log_x_over_sinh", "log(x/sinh(x))", lambda x: mpmath.mpf(0) if x == 0 else mpmath.log(x / mpmath.sinh(x))),
     Case("log_sinh_squared", "log(sinh(x)**2)", lambda x: 2 * mpmath.log(abs(mpmath.sinh(x))), where=lambda x: x != 0),
     Case("log_x_sinh", "log(x*sinh(x))", lambda x: mpmath.log(x * mpmath.sinh(x)), where=lambda x: x != 0),
     # Found by an accuracy hunt over hand-written formulas: asinh by its definition cancels for
-    # x < 0 (-inf from x = -4096 in float32, 0 at -1e-30); stable._asinh_argument.
+    # x < 0 (-inf from x = -4096 in float32, 0 at -1e-30); exp_log._asinh_argument.
     Case("asinh_log", "log(x+sqrt(x**2+1))", mpmath.asinh, kernel=torch.asinh),
     Case("asinh_log_neg", "log(sqrt(4*x**2+1)-2*x)", lambda x: -mpmath.asinh(2 * x)),
     # Its derivative computed as 1/(1 + |x|) - x*sign(x)/(1 + |x|)**2 cancelled at large |x|
     # (derive._absolute_values).
     Case("softsign", "x/(1+abs(x))", lambda x: x / (1 + abs(x)), kernel=F.softsign, where=lambda x: x != 0),
-    # tanh written with exponentials: inf*0 = nan from x = 45 (stable._rule_tanh_half).
+    # tanh written with exponentials: inf*0 = nan from x = 45 (exp_log._rule_tanh_half).
     Case("tanh_exp", "(exp(2*x)-1)/(exp(2*x)+1)", mpmath.tanh, kernel=torch.tanh),
     # sigmoid's derivative as users write it; its own derivative's 1 - 2*sigmoid(x) cancelled
-    # near 0 (stable._rule_add: -tanh(x/2)).
+    # near 0 (sums._rule_add: -tanh(x/2)).
     Case(
         "sigmoid_derivative",
         "sigmoid(x)*(1-sigmoid(x))",
         lambda x: 1 / (1 + mpmath.exp(-x)) / (1 + mpmath.exp(x)),
     ),
     # softplus's inverse: expm1 overflows from x = 89 in float32, and its derivative
-    # exp(x)/expm1(x) is inf/inf (stable._rule_log, _rule_exp_over_expm1).
+    # exp(x)/expm1(x) is inf/inf (exp_log._rule_log, _rule_exp_over_expm1).
     Case("softplus_inverse", "log(exp(x)-1)", lambda x: mpmath.log(mpmath.expm1(x)), where=lambda x: x > 0),
     # log(1 - exp(-x)) as log(-expm1(-x)) was 0 in float32 from x = 17, where it is about
     # -exp(-x): Maechler's log1mexp switches to log1p(-exp(-x)) above log(2).
@@ -522,7 +523,7 @@ CASES = [
     ),
     # The Gumbel density: its gradient exp(-x - exp(-x))*expm1(-x) was 0*inf = nan from
     # x = -89 in float32 and -710 in float64, where it is finite or 0 (naive autograd's too;
-    # a fifth accuracy hunt; stable._expm1_times_exp).
+    # a fifth accuracy hunt; exp_log._expm1_times_exp).
     Case(
         "gumbel",
         "exp(-x - exp(-x))",
@@ -533,7 +534,7 @@ CASES = [
     ),
     # x/(exp(x) - 1): its derivative's exp(x)/expm1(x)**2 was inf/inf = nan at x = 100.
     Case("bernoulli", "x/(exp(x)-1)", lambda x: mpmath.mpf(1) if x == 0 else x / mpmath.expm1(x)),
-    # cancellations: sqrt(1 + x) - 1 (stable._rule_root_excess), cosh(x) - 1 (_rule_minus_one)
+    # cancellations: sqrt(1 + x) - 1 (roots._rule_root_excess), cosh(x) - 1 (_rule_minus_one)
     Case("sqrt1p_minus_1", "sqrt(1+x)-1", lambda x: mpmath.sqrt(1 + x) - 1, where=lambda x: x > -1),
     Case("cosh_minus_1", "cosh(x)-1", lambda x: mpmath.cosh(x) - 1),
     # logaddexp(a, b) - a is softplus(b - a); log(1 + exp(a) + exp(b)) was log1p, which overflowed
@@ -551,7 +552,7 @@ CASES = [
     ),
     # BCE with logits at the labels 0, 1/4 and 1 (the hard label 1 is not among PAIRS): as
     # softplus(x) - t*x, the loss and its gradient sigmoid(x) - t were 0 in float32 from
-    # x = 17 at t = 1, where they are +-4e-8 (accuracy hunt; stable._rule_large_part).
+    # x = 17 at t = 1, where they are +-4e-8 (accuracy hunt; sums._rule_large_part).
     # torch's kernel is exact for the loss, and its gradient is 0 there too.
     Case(
         "bce_logits",
@@ -563,7 +564,7 @@ CASES = [
     ),
     # The same as it is often written by hand, with soft labels: x - x*t cancelled where x > 0
     # and t is near 1 (3.5% off at x = 20, t = 0.999999 in float32; a fifth accuracy hunt;
-    # stable._rule_large_part takes c*Max(u, 0) + k*u too).
+    # sums._rule_large_part takes c*Max(u, 0) + k*u too).
     Case(
         "bce_logits_max",
         "Max(x, 0) - x*t + log(1 + exp(-abs(x)))",
@@ -599,7 +600,7 @@ CASES = [
         inputs=("mu", "lv"),
         points=tuple((mu, lv) for mu in (0.0, 0.5, -3.0, 1e3) for lv in (-1.0, 1.0, -3.0, -10.0, -17.0, -20.0, -40.0, -80.0, -100.0, 10.0, 80.0)),
     ),
-    # The normal tails (stable._rule_normal_tail, _normal_tail_products): as written, ndtr and
+    # The normal tails (tails._rule_normal_tail, _normal_tail_products): as written, ndtr and
     # erfc underflow (float32: from x = -14 and 10), so the log was -inf and its gradient
     # pdf/cdf 0/0 = nan there. (Their second derivatives: test_normal_tail_second_derivatives.)
     Case(
@@ -619,7 +620,7 @@ CASES = [
     ),
     Case("log_one_plus_erf", "log(1+erf(x))", lambda x: mpmath.log(1 + mpmath.erf(x))),
     # As written erf(x) rounds to 1 from x = 4 in float32, and log(erf(x)) was 0 at x = 5,
-    # where it is -1.5e-12 (stable_functions.log_erf; a third accuracy hunt)
+    # where it is -1.5e-12 (sf.log_erf; a third accuracy hunt)
     Case("log_erf", "log(erf(x))", lambda x: mpmath.log(mpmath.erf(x)), where=lambda x: x > 0),
     Case(
         "piecewise_sqrt",
@@ -795,7 +796,7 @@ def test_values_and_gradients_match_exact_math(case, dtype, save, gen_dir, devic
     _assert_matches_exact_math(case, load(case, gen_dir, save), dtype, device, "")
 
 
-# Fused modules compute some functions another way (derive.cheaper_fused_form: Mish's
+# Fused modules compute some functions another way (cost.cheaper_fused_form: Mish's
 # tanh(softplus(x)) from sigmoid(x), the derivatives of tanh and sigmoid from one sigmoid of
 # -|x|), in the compiled bodies torch.compile makes of them.
 FUSED_CASES = [c for c in CASES if c.name in ("mish", "silu", "softplus", "sigmoid", "tanh", "elu", "gelu", "log_ndtr")]
@@ -1075,8 +1076,8 @@ def test_sigmoid_complements_before_differentiating():
     """derive._sigmoid_complements: c - c*sigmoid(u) as c*sigmoid(-u) for any number c (a Float
     too: 1.0 == 1 is False in SymPy, and review found the 1.0 form still nan), not in
     conditions (forward takes its branches by them as written), not for a symbol c."""
-    from symgrad.derive import _sigmoid_complements
-    from symgrad.stable_functions import sigmoid
+    from symgrad.derive.gradients import _sigmoid_complements
+    from symgrad.math.functions import sigmoid
 
     x, y, t = sympy.symbols("x y t", real=True)
     for written, complemented in [
@@ -1122,7 +1123,7 @@ def test_a_step_inside_a_branch_does_not_leave_it_unguarded(save, fuse, device):
     # sign(a*expm1(x/a)) SymPy could not differentiate (it cannot tell the argument is real),
     # so the branch's guard probe gave up and left exp(x/a) unguarded: the second derivative
     # was inf*0 = nan from x = 88.7*a in float32, where it is 0 (a fifth accuracy hunt;
-    # stable._steps_as_constants).
+    # piecewise._steps_as_constants).
     source = generate_source("Max(0, x) + Min(0, a*(exp(x/a) - 1))", "CeluParam", params=["a"], save=save, fuse=fuse)
     celu = _exec_module(source, "celu_param")["celu_param"]
     for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-13)):
@@ -1183,7 +1184,7 @@ def test_rewrites_found_by_the_fourth_accuracy_hunt_reach_their_forms():
     assert stabilize(sympy.Rational(1, 2) - sympy.tanh(x) ** 2) == sympy.Rational(1, 2) - sympy.tanh(x) ** 2
     # (Not where v can overflow: k*v/(a + v) is inf/inf there, and the sum was k; found in
     # review. Those are taken finite, and the quotient kept whole, so that no number
-    # multiplies v first: stable._rule_power_minus_value.)
+    # multiplies v first: roots._rule_power_minus_value.)
     square, sinh = sf.finite(x**2), sf.finite(sympy.sinh(x))
     assert stabilize(1 / (1 + x**2) - 1) == -sf.norm_ratio(square, sf.finite(1 + x**2))
     assert stabilize(3 / (2 + sympy.sinh(x)) - sympy.Rational(3, 2)) == -sympy.Rational(3, 2) * sf.norm_ratio(
@@ -1229,7 +1230,7 @@ def test_rewrites_found_by_the_fourth_accuracy_hunt_reach_their_forms():
     root = sympy.sqrt(x + 1)
     assert forward((1 + x) ** sympy.Rational(3, 2) - 1) == x + (x + 1) * sf.norm_ratio(x, root + 1)
     assert stabilize((1 + x**2) ** sympy.Rational(1, 3) - 1) == sf.power_excess(sf.hypot_excess(x, 1), 1, sympy.Rational(2, 3))
-    assert forward((1 + x) ** sympy.Float(7.5) - 1) == x * stable._power_difference_quotient(
+    assert forward((1 + x) ** sympy.Float(7.5) - 1) == x * roots._power_difference_quotient(
         x + 1, 1, 7
     ) + (x + 1) ** 7 * sf.norm_ratio(x, root + 1)
     assert forward(2 * ((1 + x**2 / 2) ** sympy.Float(0.25) - 1)) == 2 * sf.norm_ratio(
@@ -1286,11 +1287,11 @@ _OFFSET_QUOTIENTS = [
 @pytest.mark.parametrize("case, gradient, second", _OFFSET_QUOTIENTS, ids=[c[0].name for c in _OFFSET_QUOTIENTS])
 def test_an_offset_quotient_gradient_gets_exact_second_derivatives(case, gradient, second, save, gen_dir, device):
     """log(1 + x) - x: its gradient 1/(1 + x) - 1, 0 in float32 at x = 1e-8 as written, is
-    -x/(1 + x) (stable._rule_power_minus_value), whose quotient rule cancels at large x (its
+    -x/(1 + x) (roots._rule_power_minus_value), whose quotient rule cancels at large x (its
     second derivative was 2% off at x = 1e6 in float32, beyond the probes' reach):
-    stable.has_offset_quotient gives it the second-derivative Function. So does atan(x) -
+    sums.has_offset_quotient gives it the second-derivative Function. So does atan(x) -
     x's, 1/(1 + x**2) - 1, written -(v/(1 + v)) with v = x**2 taken finite
-    (stable._rule_power_minus_value: as -x**2/(1 + x**2) it was nan from |x| = 1.9e19 in
+    (roots._rule_power_minus_value: as -x**2/(1 + x**2) it was nan from |x| = 1.9e19 in
     float32; found in review)."""
     module = load(case, gen_dir, save=save)
     points = [1e-8, -1e-8, 1e-4, 0.5, -0.5, 20.0, 1e4, 1e6, 1e8, -1e6]
@@ -1306,7 +1307,7 @@ def test_an_offset_quotient_gradient_gets_exact_second_derivatives(case, gradien
 
 
 def test_the_log_of_erf_is_log_erf():
-    """stable._rule_normal_tail: log(c*erf(u)) -> log(c) + log_erf(u) for a number c > 0."""
+    """tails._rule_normal_tail: log(c*erf(u)) -> log(c) + log_erf(u) for a number c > 0."""
     x = X
     assert stabilize(sympy.log(sympy.erf(x))) == sf.log_erf(x)
     assert stabilize(sympy.log(2 * sympy.erf(x / 2))) == sympy.log(2) + sf.log_erf(x / 2)
@@ -1319,7 +1320,7 @@ def test_removable_singularities_away_from_zero_are_found_at_dyadic_roots():
     would not be the exact distance to it)."""
 
     def centers(expr):
-        return [type(node).center for node in sympy.preorder_traversal(stabilize(expr)) if isinstance(node, sf.Removable)]
+        return [type(node).center for node in sympy.preorder_traversal(stabilize(expr)) if isinstance(node, taylor.Removable)]
 
     x = X
     assert centers(sympy.log(x) / (x - 1)) == [1]
@@ -1337,11 +1338,11 @@ def test_a_root_of_a_base_not_finite_at_the_center_is_no_candidate():
     on comparing nan, and tanh(log(x))**c's base at 0 stopped generation with a TypeError
     (a fuzz campaign find, mean(atanh(tanh(log(x))**(log(0.5, 1/2))))'s, in CI)."""
     x = X
-    assert not sf._positive_at(sympy.tanh(sympy.log(x)), x, sympy.Integer(0))
-    assert not sf._positive_at(1 / x, x, sympy.Integer(0))
-    assert not sf._positive_at(sympy.log(x), x, sympy.Integer(0))
-    assert sf._positive_at(1 + x, x, sympy.Integer(0))
-    assert not sf._analytic_candidate(sympy.tanh(sympy.log(x)) ** sympy.Rational(1, 3), x)
+    assert not taylor._positive_at(sympy.tanh(sympy.log(x)), x, sympy.Integer(0))
+    assert not taylor._positive_at(1 / x, x, sympy.Integer(0))
+    assert not taylor._positive_at(sympy.log(x), x, sympy.Integer(0))
+    assert taylor._positive_at(1 + x, x, sympy.Integer(0))
+    assert not taylor._analytic_candidate(sympy.tanh(sympy.log(x)) ** sympy.Rational(1, 3), x)
 
 
 @pytest.mark.parametrize("save, fuse", [("memory", False), ("speed", False), ("memory", True)])
@@ -1397,7 +1398,7 @@ def test_nested_hypot_second_derivatives_are_exact_at_the_origin(text, name, sav
 
 X, Y = sympy.symbols("x y", real=True)
 EQUALITY_EXPRS = [
-    # a fourth accuracy hunt's finds (stable._rule_add, _rule_coth_half, _rule_power_minus_value)
+    # a fourth accuracy hunt's finds (sums._rule_add, _rule_coth_half, _rule_power_minus_value)
     sf.sigmoid(X) - sympy.Float(0.5),
     sf.sigmoid(X) - sf.sigmoid(-X) + Y,
     Y * sf.sigmoid(2 * X) / sf.sigmoid(-2 * X),
@@ -1418,7 +1419,7 @@ EQUALITY_EXPRS = [
     (1 + X) ** sympy.Float(3.0) - 1,
     (1 + X) ** sympy.Float(7.5) - 1,
     (8 + X) ** sympy.Rational(-1, 3) - sympy.Rational(1, 2),
-    # (the roots' sums, stable._root_power_difference)
+    # (the roots' sums, roots._root_power_difference)
     (1 + X) ** sympy.Rational(-3, 4) - 1,
     (1 - X**2) ** sympy.Float(1.5) - 1,
     (4 + X) ** sympy.Rational(5, 2) - 32,
@@ -1437,29 +1438,29 @@ EQUALITY_EXPRS = [
     2 * (sympy.log(2) - X - sf.softplus(-2 * X)),
     sf.logaddexp(X, -X) - sympy.log(2),
     sympy.log(3 * sympy.erf(X)),
-    # removable singularities away from 0 (stable._singular_points)
+    # removable singularities away from 0 (removable._singular_points)
     sympy.log(X) / (X - 1),
     (X - 1) / sympy.log(X),
     sympy.diff(sympy.log(X) / (X - 1), X),
     sympy.sin(2 * X - 1) / (2 * X - 1),
-    # the log of a sinh (stable._rule_log)
+    # the log of a sinh (exp_log._rule_log)
     sympy.log(sympy.sinh(X)),
     sympy.log(3 * sympy.sinh(X / 2)),
     sympy.log(-sympy.sinh(X * Y)),
-    # acosh near 1 (stable._rule_acosh_near_one), and a sum over a non-integer cosh power
+    # acosh near 1 (exp_log._rule_acosh_near_one), and a sum over a non-integer cosh power
     (X * sympy.sinh(X) + sympy.cosh(X)) * sympy.cosh(X) ** sympy.Rational(-5, 2),
     sympy.acosh(1 + X**2 * sympy.exp(Y)),
     sympy.acosh(1 + 2 * (X - Y) ** 2 / ((1 - X**2 / 49) * (1 - Y**2 / 49))),
-    # a sum over a power of cosh (stable._cosh_power_sums)
+    # a sum over a power of cosh (exp_log._cosh_power_sums)
     -(2 * X * sympy.sinh(X) - 2 * sympy.cosh(X)) / sympy.cosh(X) ** 3,
     (Y * sympy.sinh(X) ** 2 + sympy.cosh(X)) / sympy.cosh(X) ** 4,
-    # a sum with expm1(u) times exp(-u) (stable._expm1_partner)
+    # a sum with expm1(u) times exp(-u) (exp_log._expm1_partner)
     (Y - expm1(X)) * sympy.exp(-X) / X**2,
     sympy.diff((1 - sympy.exp(-X)) / X, X),
-    # an exponential times a sigmoid of minus it (stable._sigmoid_of_exp)
+    # an exponential times a sigmoid of minus it (exp_log._sigmoid_of_exp)
     sympy.diff(X * sympy.tanh(sympy.exp(X)), X),
     sympy.exp(2 * X + Y) * sf.sigmoid(-3 * sympy.exp(X)) ** 2,
-    # a root plus what it nearly cancels (stable._hypot_sum), with coefficients of either sign
+    # a root plus what it nearly cancels (roots._hypot_sum), with coefficients of either sign
     (X + sympy.sqrt(X**2 + 4)) / 2,
     X - sympy.sqrt(X**2 + 1),
     (X - sympy.sqrt(X**2 + 4)) / 2,
@@ -1472,23 +1473,23 @@ EQUALITY_EXPRS = [
     X / sympy.sqrt(X**2 + Y**2) - 1,
     sympy.diff(sympy.sqrt(X**2 + 4) + X, X, 2),
     sympy.diff(sf.hypot_plus(X, 2), X, 2),
-    # a power of x times one of |x| (stable._rule_sign_abs_power)
+    # a power of x times one of |x| (roots._rule_sign_abs_power)
     Y * X * sympy.Abs(X) ** (Y - 2),
     X**2 * sympy.Abs(X) ** (Y - 2) + X**3 * sympy.Abs(X) ** sympy.Rational(-5, 2),
-    # logarithms of products with exp, sigmoid and cosh factors (stable._rule_log_product)
+    # logarithms of products with exp, sigmoid and cosh factors (exp_log._rule_log_product)
     sympy.log(sympy.exp(-(X**2) / 2) / sympy.sqrt(2 * sympy.pi)),
     sympy.log(X**2 * sympy.exp(-Y) * sf.sigmoid(X) ** 3 / 7),
     sympy.log(-X * sympy.cosh(Y) ** 2),
-    # a step times what may overflow (stable._rule_heaviside_mask)
+    # a step times what may overflow (piecewise._rule_heaviside_mask)
     sympy.diff(sympy.Max(X, 0) + sympy.Min(0, Y * (sympy.exp(X) - 1)), X),
     sympy.Heaviside(X - Y) * sympy.exp(X) / Y,
-    # powers of a norm over homogeneous polynomials of its components (stable._rule_norm_ratio)
+    # powers of a norm over homogeneous polynomials of its components (roots._rule_norm_ratio)
     sympy.diff(sympy.sqrt(X**2 + Y**2), X, 2),
     sympy.diff(sympy.sqrt(X**2 + Y**2), X, Y),
     sympy.diff(X / sympy.sqrt(X**2 + (Y - 1) ** 2), Y),
     sympy.diff(sympy.sqrt(X**2 + 4 * Y**2 + 1), X, 3),
     X**2 * Y / (X**2 + Y**2) ** sympy.Rational(5, 2) + sympy.sin(X) * X * Y / (X**2 + Y**2),
-    # the normal tails (stable._rule_normal_tail, _normal_tail_products), and their gradients
+    # the normal tails (tails._rule_normal_tail, _normal_tail_products), and their gradients
     sympy.log((1 + sympy.erf(X / sympy.sqrt(2))) / 2),
     sympy.log(sympy.erfc(X * Y) / 3),
     sympy.log(1 - sympy.erf(X)),
@@ -1591,7 +1592,7 @@ EQUALITY_EXPRS = [
     sympy.diff(sympy.log(1 - sympy.exp(-sympy.exp(X))), X, 2),
     Y * sympy.exp(2 * X) / (sympy.exp(sympy.exp(X)) - 1) ** 2,
     # an expm1 (or a power of it) times an exp, and a sum with exps times a doubly
-    # exponentially falling exp (stable._expm1_times_exp, _exp_into_sum: the Gumbel density)
+    # exponentially falling exp (exp_log._expm1_times_exp, _exp_into_sum: the Gumbel density)
     sympy.diff(sympy.exp(-X - sympy.exp(-X)), X),
     sympy.diff(sympy.exp(-X - sympy.exp(-X)), X, 2),
     Y * expm1(X) ** 3 * sympy.exp(Y - 2 * X - sympy.exp(X)),
@@ -1716,7 +1717,7 @@ UNTAKEN_BRANCHES = [
         list(itertools.product((-2.0, -1e4, 1.5, 3.0), (-1.0, 50.0, 150.0, 1e4))),
     ),
     # Finite nowhere (complex at every real x but 0): no guard point is finite, and it is
-    # guarded all the same (stable._guard_branch).
+    # guarded all the same (piecewise._guard_branch).
     (
         "Piecewise((x**2, x > 0), (x*(-x)**(x**2*acosh(x)), True))",
         sympy.Piecewise((X**2, X > 0), (X * (-X) ** (X**2 * sympy.acosh(X)), True)),
@@ -1761,7 +1762,7 @@ def test_second_derivatives_of_a_power_whose_base_reaches_zero(save, device):
     """Max(x, 0)**y is 0 for x < 0, and so are all its derivatives there. --save speed's
     second derivatives were nan there (found next to fuzz campaign 4132's finds): d2/dy2
     as b**y*log(b)**2, 0*inf; d2/dxdy as (1 + xlogy(y, b))*b**y/b, -inf*0 and 0/0. Now
-    nested xlogy, xlogy with the power inside, and b**(y - 1) (stable._rule_xlogy,
+    nested xlogy, xlogy with the power inside, and b**(y - 1) (sums._rule_xlogy,
     _rule_xlogy_absorbs, _rule_same_base)."""
     source = generate_source("Max(x, 0)**y", "RampPower", save=save, domain={"x": (-2.0, 2.0), "y": (2.5, 4.0)})
     function = _exec_module(source, "ramp_power")["ramp_power"]
@@ -1874,7 +1875,7 @@ def test_rewrites_reach_the_stable_forms():
     assert stabilize(x * sympy.log(Y)) == sf.xlogy(x, Y)
     assert stabilize(x - sympy.log(1 + sympy.exp(x))) == -sf.softplus(-x)
     assert stabilize(sympy.log(s(x))) == -sf.softplus(-x)
-    assert isinstance(stabilize(sympy.sin(x) / x), sf.Removable)
+    assert isinstance(stabilize(sympy.sin(x) / x), taylor.Removable)
     assert stabilize(sympy.atanh(sympy.tanh(x / Y))) == x / Y  # (tanh(-16.7) rounds to -1)
     assert stabilize(sympy.asinh(sympy.sinh(x))) == x
     assert not stabilize(sympy.exp(x) / (1 + sympy.exp(x))).has(sympy.exp)
@@ -1971,8 +1972,8 @@ def test_reuse_of_shared_work_is_kept_only_where_accurate():
     """derive.reuse_shared_work: SiLU's sigmoid(-x) becomes 1 - sigmoid(x) (within a few
     float32 ulps everywhere, as torch's silu backward); tanh's cosh(x)**-2 does not become
     1 - tanh(x)**2, which is 0 in float32 beyond |x| = 9 where the derivative is 6e-8."""
-    from symgrad.derive import reuse_shared_work
-    from symgrad.stable_functions import sigmoid
+    from symgrad.rewrite.cost import reuse_shared_work
+    from symgrad.math.functions import sigmoid
 
     x = sympy.Symbol("x", real=True)
     silu = (1 + x * sigmoid(-x)) * sigmoid(x)
@@ -1984,11 +1985,11 @@ def test_reuse_of_shared_work_is_kept_only_where_accurate():
 
 
 def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
-    """derive.cheaper_fused_form: tanh(softplus(x)) and cosh(softplus(x)) become rational in
+    """cost.cheaper_fused_form: tanh(softplus(x)) and cosh(softplus(x)) become rational in
     sigmoid(x) (equal to them exactly) where that is accurate; so do eager modules
-    (derive.cheaper_eager_form: softplus and tanh are the slowest eager kernels)."""
-    from symgrad.derive import cheaper_fused_form
-    from symgrad.stable_functions import sigmoid, softplus
+    (cost.cheaper_eager_form: softplus and tanh are the slowest eager kernels)."""
+    from symgrad.rewrite.cost import cheaper_fused_form
+    from symgrad.math.functions import sigmoid, softplus
 
     x = sympy.Symbol("x", real=True)
     mish = x * sympy.tanh(softplus(x))
@@ -2036,13 +2037,13 @@ def test_cheaper_fused_form_computes_mish_from_one_sigmoid():
 
 
 def test_cheaper_fused_form_computes_sigmoid_and_tanh_derivatives_with_one_sigmoid(device):
-    """derive.cheaper_fused_form: sigmoid(u)*sigmoid(-u) and tanh's 1/cosh(u)**2 from one
+    """cost.cheaper_fused_form: sigmoid(u)*sigmoid(-u) and tanh's 1/cosh(u)**2 from one
     sigmoid of -|u|, equal to the math exactly and accurate in float32 from 1e-30 to 1e4 on
     both sides, eager and compiled, as fused bodies print it (printer.HELPERS'
     _sigmoid); tanh itself keeps its kernel."""
-    from symgrad.derive import cheaper_fused_form
+    from symgrad.rewrite.cost import cheaper_fused_form
     from symgrad.codegen.printer import HELPERS, print_torch
-    from symgrad.stable_functions import sigmoid
+    from symgrad.math.functions import sigmoid
 
     x = sympy.Symbol("x", real=True)
 
@@ -2121,8 +2122,8 @@ def test_accuracy_guard_rejects_a_form_that_fails_where_the_math_is_finite():
     """derive._as_accurate: a candidate that divides by zero in float32 rounding (1 - s is 0
     once sigmoid(x) rounds to 1, from x = 17) is not accurate there; it does not count as
     outside the domain, as a point where the exact value itself is undefined would."""
-    from symgrad.derive import _as_accurate
-    from symgrad.stable_functions import sigmoid
+    from symgrad.math.accuracy import _as_accurate
+    from symgrad.math.functions import sigmoid
 
     x = sympy.Symbol("x", real=True)
     one_minus_s = 1 - sigmoid(x)
@@ -2156,18 +2157,18 @@ def test_fused_forms_stay_accurate_for_scaled_arguments(name, expr, exact, gen_d
 
 
 def test_cheaper_eager_form_writes_the_sigmoid_derivative_as_two_sigmoids():
-    """derive.cheaper_eager_form: 1/(4*cosh(x/2)**2), the simplified derivative of sigmoid,
+    """cost.cheaper_eager_form: 1/(4*cosh(x/2)**2), the simplified derivative of sigmoid,
     becomes sigmoid(x)*sigmoid(-x) (two cheap kernels instead of a slow cosh); tanh's
     1/cosh(x)**2 keeps its form, whose eager kernels cost less than 4*sigmoid(2x)*sigmoid(-2x).
     Either way the value is the same function, checked at 40 digits."""
-    from symgrad.derive import cheaper_eager_form, eager_cost
-    from symgrad.stable_functions import sigmoid
+    from symgrad.rewrite.cost import CPU_COSTS, cheaper_eager_form
+    from symgrad.math.functions import sigmoid
 
     x = sympy.Symbol("x", real=True)
     sigmoid_gradient = 1 / (4 * sympy.cosh(x / 2) ** 2)
     paired = cheaper_eager_form(sigmoid_gradient)
     assert paired == sigmoid(x) * sigmoid(-x)
-    assert eager_cost(paired) < eager_cost(sigmoid_gradient)
+    assert CPU_COSTS.eager_cost(paired) < CPU_COSTS.eager_cost(sigmoid_gradient)
     tanh_gradient = sympy.cosh(x) ** -2
     assert cheaper_eager_form(tanh_gradient) == tanh_gradient
     assert cheaper_eager_form(sympy.cosh(3 * x + 1) ** -2) == sympy.cosh(3 * x + 1) ** -2
@@ -2197,7 +2198,7 @@ def test_sigmoid_backward_is_accurate_in_float32_from_two_sigmoids(gen_dir, devi
 
 
 def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir, device):
-    """stable._rule_hypot_excess: k*hypot(a, b) - k*b -> k*hypot_excess(a, b) only for a
+    """roots._rule_hypot_excess: k*hypot(a, b) - k*b -> k*hypot_excess(a, b) only for a
     positive number b (for b < 0 the quotient's denominator would cancel instead), and the
     printed quotient a*((a/2)/(hypot(a, b)/2 + b/2)) overflows neither where a**2 would
     (float16 at 300) nor where hypot(a, b) + b would (float16 at 65504)."""
@@ -2224,15 +2225,15 @@ def test_hypot_minus_its_positive_argument_becomes_hypot_excess(gen_dir, device)
 
 
 def test_an_expanded_sum_of_exponentials_in_a_denominator_is_factored_back():
-    """stable._rule_factor_exp_sum: simplify writes the derivative of exp(x)/(1 + exp(x))
+    """exp_log._rule_factor_exp_sum: simplify writes the derivative of exp(x)/(1 + exp(x))
     over exp(2*x) + 2*exp(x) + 1; factored, the ratio rule makes it two sigmoids. Only
     powers of one exponential with small exponents (factor ran over 300 s on
     1 + exp(x) + exp(1000*x), and the polynomial for exp(10**9*x) ran out of 3 GB), and only into
     factors c + a*exp(v) with a, c > 0."""
     e = sympy.exp
     assert stabilize(e(X) / (e(2 * X) + 2 * e(X) + 1)) == sf.sigmoid(X) * sf.sigmoid(-X)
-    assert stable._rule_factor_exp_sum((e(3 * X) + 3 * e(2 * X) + 3 * e(X) + 1) ** -1) == (e(X) + 1) ** -3
-    assert stable._rule_factor_exp_sum((4 * e(2 * Y) + 4 * e(Y) + 1) ** -2) == (2 * e(Y) + 1) ** -4
+    assert exp_log._rule_factor_exp_sum((e(3 * X) + 3 * e(2 * X) + 3 * e(X) + 1) ** -1) == (e(X) + 1) ** -3
+    assert exp_log._rule_factor_exp_sum((4 * e(2 * Y) + 4 * e(Y) + 1) ** -2) == (2 * e(Y) + 1) ** -4
     untouched = [
         1 + e(X) + e(1000 * X),
         1 + e(X) + e(10**9 * X),
@@ -2246,7 +2247,7 @@ def test_an_expanded_sum_of_exponentials_in_a_denominator_is_factored_back():
         e(2 * X) + 2 * e(X + Y) + e(2 * Y),
     ]
     for base in untouched:
-        assert stable._rule_factor_exp_sum(base**-2) is None, base
+        assert exp_log._rule_factor_exp_sum(base**-2) is None, base
     module = _exec_module(generate_source("1/(exp(2*x)+2*exp(x+y)+exp(2*y))", "TwoExp"), "two_exp")["two_exp"]
     x = torch.tensor([0.0, 3.0], requires_grad=True)
     y = torch.tensor([-100.0, 1.0], requires_grad=True)
@@ -2257,7 +2258,7 @@ def test_an_expanded_sum_of_exponentials_in_a_denominator_is_factored_back():
 
 
 def test_the_log_of_a_power_of_a_number_is_its_exponent_times_a_log():
-    """stable._rule_log: log(b**u) = u*log(b) for a number b > 0, split off a product too
+    """exp_log._rule_log: log(b**u) = u*log(b) for a number b > 0, split off a product too
     (the rest is positive wherever the log is real). simplify wrote a gradient with
     log(10**(-x**3*exp(x))), whose power underflows: -inf in float64 from x = 3 (fuzz
     campaign 9907)."""
@@ -2378,7 +2379,7 @@ def test_log_cosh_is_finite_where_cosh_overflows(gen_dir, device):
 
 
 def test_nested_log_cosh_builds_quickly():
-    """stable._rule_log leaves log(cosh(u)) alone for a u holding a Piecewise (an inner
+    """exp_log._rule_log leaves log(cosh(u)) alone for a u holding a Piecewise (an inner
     log-cosh): its form repeats u, and nested four deep it took 70 s (found in review)."""
     import time
 
@@ -2472,7 +2473,7 @@ def test_fused_speed_sigmoid_returns_its_derivative_from_one_sigmoid(gen_dir):
 
 
 def test_second_derivative_probe_rejects_forms_that_fail_in_float_arithmetic():
-    from symgrad.derive import finite_where_the_math_is
+    from symgrad.math.accuracy import finite_where_the_math_is
 
     x, y = sympy.symbols("x y", real=True)
     s = sf.sigmoid
@@ -2515,7 +2516,7 @@ def test_second_derivative_probe_rejects_forms_that_fail_in_float_arithmetic():
 
 
 def test_the_log_of_a_product_splits_off_exp_sigmoid_and_cosh():
-    """stable._rule_log_product: only positive factors are split off (so the sum is real
+    """exp_log._rule_log_product: only positive factors are split off (so the sum is real
     where the log is), numbers into one logarithm, and nothing where no exp, sigmoid or
     cosh is a factor."""
     x = X
@@ -2534,7 +2535,7 @@ def test_the_log_of_a_product_splits_off_exp_sigmoid_and_cosh():
 def test_abs_to_a_param_power_has_exact_first_and_second_derivatives(power, dtype, device):
     """abs(x)**p with p a param: simplify's gradient p*x*Abs(x)**(p - 2) was inf at x =
     1e-30 in float32 for p = 0.5 (truth 5e14), and its double backward -inf there for p =
-    1.5 (truth 7.5e14); as p*sign(x)*Abs(x)**(p - 1) (stable._rule_sign_abs_power) both are
+    1.5 (truth 7.5e14); as p*sign(x)*Abs(x)**(p - 1) (roots._rule_sign_abs_power) both are
     exact wherever the truth is a normal number (found by an accuracy hunt)."""
     module = _exec_module(generate_source("abs(x)**p", "AbsPower", inputs=["x"], params={"p": power}), "abs_power")
     points = [s * m for m in (1e-30, 1e-20, 1e-3, 0.5, 3.0, 1e10, 1e30) for s in (1, -1)]
@@ -2552,7 +2553,7 @@ def test_abs_to_a_param_power_has_exact_first_and_second_derivatives(power, dtyp
 
 
 def test_a_step_times_what_may_overflow_becomes_a_piecewise():
-    """stable._rule_heaviside_mask: Heaviside(u)*f, printed 0.5*(sign(u) + 1)*f, is 0*inf =
+    """piecewise._rule_heaviside_mask: Heaviside(u)*f, printed 0.5*(sign(u) + 1)*f, is 0*inf =
     nan where u < 0 and f overflows; a Piecewise cuts that branch off. Left alone where f
     cannot overflow, and for a step whose value at 0 is not SymPy's 1/2."""
     x = sympy.Symbol("x", real=True)
@@ -2579,7 +2580,7 @@ def test_sinh_over_cosh_powers_become_tanh():
 
 def test_sech_squared_gradient_is_finite_where_cosh_overflows(gen_dir, device):
     """d/dx 1/cosh(x)**2 simplifies to -2*sinh(x)/cosh(x)**3, inf/inf = nan from |x| = 90 in
-    float32; as -2*tanh(x)/cosh(x)**2 (stable._rule_sinh_over_cosh) it is 0 there. (Its
+    float32; as -2*tanh(x)/cosh(x)**2 (exp_log._rule_sinh_over_cosh) it is 0 there. (Its
     double backward still differentiates the cosh: nan there, README "Numerical stability".)"""
     namespace = _exec_module(generate_source("1/cosh(x)**2", "SechSquared"), "sech")
     for dtype in (torch.float32, torch.float64):
@@ -2700,7 +2701,7 @@ def test_second_derivative_probe_keeps_each_power_a_factor(device):
     0/0 = nan where 1 - s has rounded to 0, which SymPy's own derivative, joining the powers
     into sqrt(1 - s), hid. atan(exp(x**x))'s gradient reuses sqrt(1 - sigmoid(2*x**x)), and
     its double backward was nan from x = 2.9 in float64 (found by fuzz campaign 4134)."""
-    from symgrad.derive import autograd_loses_second_derivatives
+    from symgrad.derive.second_order import autograd_loses_second_derivatives
 
     u = X**X
     formula = 2 * X + u * sympy.sqrt(1 - sf.sigmoid(2 * u)) * sympy.sqrt(sf.sigmoid(2 * u)) * (sympy.log(X) + 1)
@@ -2904,7 +2905,7 @@ def test_reverse_over_forward_with_one_tangent_of_two(device):
         ("x + log(1+exp(y))", lambda x, y: x + F.softplus(y)),
         # A derivative that varies piecewise-constantly in another input: its tangent still
         # takes the broadcast shape. (Not softplus(x) + x*sign(y): its gradient sigmoid(x) +
-        # sign(y) is now split at x = 0, stable._rule_large_part, into a form autograd
+        # sign(y) is now split at x = 0, sums._rule_large_part, into a form autograd
         # differentiates exactly, so it has no such Function.)
         ("log(1+exp(x))*sign(y)", lambda x, y: F.softplus(x) * torch.sign(y)),
         ("mean(log(exp(x)+exp(y)))", lambda x, y: torch.logaddexp(x, y).mean()),
@@ -2976,7 +2977,7 @@ def test_two_input_second_derivatives_match_exact_math(name, dtype, save, gen_di
 def test_softmax_speed_second_derivatives_are_finite(dtype, gen_dir, device):
     """The two-input softmax with --save speed: its Hessian by double backward was nan at 18
     of the 81 PAIRS in float32 (9 in float64), where expm1(a) overflowed next to an exp that
-    underflows; stable._expm1_times_exp takes the product apart. (Not held to mpmath: as the
+    underflows; exp_log._expm1_times_exp takes the product apart. (Not held to mpmath: as the
     README says, its entries still cancel in float32, 1.2e-7 at (20, 20) where the truth is
     2.6e-10.)"""
     module = load(next(c for c in CASES if c.name == "softmax3"), gen_dir, save="speed")
@@ -2988,7 +2989,7 @@ def test_softmax_speed_second_derivatives_are_finite(dtype, gen_dir, device):
 
 
 def test_a_difference_of_squares_is_factored():
-    """stable._difference_of_squares: c + k*u**2 with numbers c > 0 > k and a root of -c/k
+    """sums._difference_of_squares: c + k*u**2 with numbers c > 0 > k and a root of -c/k
     that is a dyadic rational, for any even power of u; not otherwise, and not before
     _rule_log has made log(1 - x**2) log1p(-x**2), exact near 0 (found in review)."""
     x, y = X, Y
@@ -3008,7 +3009,7 @@ def test_a_difference_of_squares_is_factored():
 def test_a_difference_of_squares_gets_exact_second_derivatives(gen_dir, device):
     """autograd's product rule on (1 - x)*(1 + x) cancels near 0, so a formula with it gets
     the second-derivative Function, whose derivatives are simplified first
-    (stable.has_difference_of_squares): asin's second derivative was 0 at x = 1e-8 in
+    (sums.has_difference_of_squares): asin's second derivative was 0 at x = 1e-8 in
     float32 and 1.7% off at 1e-6 (found in review)."""
     points = [1e-30, 1e-8, -1e-6, 1e-4, 0.3, -0.999, 0.9999999]
     cases = [
@@ -3030,14 +3031,14 @@ def test_a_difference_of_squares_gets_exact_second_derivatives(gen_dir, device):
 
 
 def test_the_log_of_a_tanh_becomes_minus_log1p_of_coth_minus_one():
-    """stable._rule_log: log(c*tanh(u)) -> log(|c|) - log1p(2/expm1(2v)), v = +-u."""
+    """exp_log._rule_log: log(c*tanh(u)) -> log(|c|) - log1p(2/expm1(2v)), v = +-u."""
     x = X
     assert stabilize(sympy.log(sympy.tanh(x))) == -log1p(2 / expm1(2 * x))
     assert stabilize(sympy.log(-3 * sympy.tanh(x))) == sympy.log(3) - log1p(2 / expm1(-2 * x))
 
 
 def test_the_log_of_a_sinh_ratio_or_power_splits_off_log_sinh():
-    """stable._log_sinh_ratio: log(c*u**m*sinh(u)**k) -> k*log_sinh(|u|) for an even k
+    """exp_log._log_sinh_ratio: log(c*u**m*sinh(u)**k) -> k*log_sinh(|u|) for an even k
     without u**m, the split for m = k, and for m = -k a where on |u| < 1 (below it the
     product whole, with its series at 0); not where the product can be negative for some
     sign of u, nor for other m."""
@@ -3068,7 +3069,7 @@ def test_the_log_of_a_sinh_ratio_or_power_splits_off_log_sinh():
 
 
 def test_the_log_of_a_difference_of_exponentials_and_its_ratios():
-    """stable._rule_log: log(p*exp(a) - p*exp(b)) -> log(p) + a + log1mexp(b - a);
+    """exp_log._rule_log: log(p*exp(a) - p*exp(b)) -> log(p) + a + log1mexp(b - a);
     _rule_exp_difference_ratio: exp(c)*(exp(a) - exp(b))**-k -> exp(c - k*a)*(-expm1(b -
     a))**-k only where c - k*a is 0 or b - a, whose quotients are bounded on both sides of
     a = b (exp(2*y)/(exp(x) - exp(y))**2 as exp(2*(y - x))/expm1(y - x)**2 was nan at (-100,
@@ -3085,7 +3086,7 @@ def test_the_log_of_a_difference_of_exponentials_and_its_ratios():
 
 
 def test_two_sigmoids_a_number_apart_become_a_product():
-    """stable._rule_sigmoid_difference: c*sigmoid(a) - c*sigmoid(b), b - a a number d < 0, is
+    """exp_log._rule_sigmoid_difference: c*sigmoid(a) - c*sigmoid(b), b - a a number d < 0, is
     -c*expm1(d)*sigmoid(a)*sigmoid(-b) (for d > 0, a and b swapped); not for a gap that
     varies, nor other coefficients."""
     x = X
@@ -3100,44 +3101,44 @@ def test_two_sigmoids_a_number_apart_become_a_product():
 
 
 def test_expm1_meets_the_square_of_a_half_sinh():
-    """stable._expm1_partner: expm1(u)/sinh(u/2)**2 is -4/expm1(-u); x/(1 - exp(-x))'s
+    """exp_log._expm1_partner: expm1(u)/sinh(u/2)**2 is -4/expm1(-u); x/(1 - exp(-x))'s
     gradient, (expm1(x) - x)/(4*sinh(x/2)**2), was inf/inf = nan from x = 89 in float32."""
     x = X
     gradient = (expm1(x) - x) / (4 * sympy.sinh(x / 2) ** 2)
-    assert stable._expm1_partners(gradient) == -x / (4 * sympy.sinh(x / 2) ** 2) - 1 / expm1(-x)
+    assert exp_log._expm1_partners(gradient) == -x / (4 * sympy.sinh(x / 2) ** 2) - 1 / expm1(-x)
 
 
 def test_an_expm1_times_a_falling_exp_takes_a_where_and_a_sum_shares_the_exp():
-    """stable._expm1_times_exp and _exp_into_sum (the Gumbel density's gradient and second
+    """exp_log._expm1_times_exp and _exp_into_sum (the Gumbel density's gradient and second
     derivative were 0*inf = nan from x = -89 and -45 in float32, stability case gumbel)."""
     x, y = X, Y
     u = -x - sympy.exp(-x)
-    assert stable._expm1_times_exp(y * expm1(-x) * sympy.exp(u)) == sympy.Piecewise(
+    assert exp_log._expm1_times_exp(y * expm1(-x) * sympy.exp(u)) == sympy.Piecewise(
         (-y * expm1(x) * sympy.exp(-2 * x - sympy.exp(-x)), -x > 20), (y * expm1(-x) * sympy.exp(u), True)
     )
-    assert stable._expm1_times_exp(expm1(-x) ** 2 * sympy.exp(u)) == sympy.Piecewise(
+    assert exp_log._expm1_times_exp(expm1(-x) ** 2 * sympy.exp(u)) == sympy.Piecewise(
         (expm1(x) ** 2 * sympy.exp(-3 * x - sympy.exp(-x)), -2 * x > 20), (expm1(-x) ** 2 * sympy.exp(u), True)
     )
     # (u = -k*v: no where; both overflowed in float32, from x = 45 and 89; found in review)
-    assert stable._expm1_times_exp(y * expm1(x) * sympy.exp(-x)) == -y * expm1(-x)
-    assert stable._expm1_times_exp(expm1(x) ** 2 * sympy.exp(-2 * x)) == expm1(-x) ** 2
+    assert exp_log._expm1_times_exp(y * expm1(x) * sympy.exp(-x)) == -y * expm1(-x)
+    assert exp_log._expm1_times_exp(expm1(x) ** 2 * sympy.exp(-2 * x)) == expm1(-x) ** 2
     # (an argument positive nowhere, a guarded branch's; an exp growing with v; no symbol shared)
-    assert stable._expm1_times_exp(expm1(sf.guard(x, x < 0, -1)) * sympy.exp(u)) is None
-    assert stable._expm1_times_exp(expm1(-sf.guard(x, True, 1, x < 0)) * sympy.exp(u)) is None
-    assert stable._expm1_times_exp(expm1(x) * sympy.exp(2 * x)) is None
-    assert stable._expm1_times_exp(expm1(y) * sympy.exp(u)) is None
-    assert stable._exp_into_sum((expm1(-x) ** 2 - sympy.exp(-x)) * sympy.exp(u)) == (
+    assert exp_log._expm1_times_exp(expm1(sf.guard(x, x < 0, -1)) * sympy.exp(u)) is None
+    assert exp_log._expm1_times_exp(expm1(-sf.guard(x, True, 1, x < 0)) * sympy.exp(u)) is None
+    assert exp_log._expm1_times_exp(expm1(x) * sympy.exp(2 * x)) is None
+    assert exp_log._expm1_times_exp(expm1(y) * sympy.exp(u)) is None
+    assert exp_log._exp_into_sum((expm1(-x) ** 2 - sympy.exp(-x)) * sympy.exp(u)) == (
         expm1(-x) ** 2 * sympy.exp(u) - sympy.exp(-2 * x - sympy.exp(-x))
     )
     # (every such sum, each pair b*exp(w) - b first as b*expm1(w): found in review)
-    assert stable._exp_into_sum((1 + sympy.exp(x)) * (2 + y * sympy.exp(x)) * sympy.exp(-sympy.exp(x))) == (
+    assert exp_log._exp_into_sum((1 + sympy.exp(x)) * (2 + y * sympy.exp(x)) * sympy.exp(-sympy.exp(x))) == (
         2 * sympy.exp(-sympy.exp(x))
         + 2 * sympy.exp(x - sympy.exp(x))
         + y * sympy.exp(x - sympy.exp(x))
         + y * sympy.exp(2 * x - sympy.exp(x))
     )
     uy = -x * y - sympy.exp(-x * y)
-    assert stable._exp_into_sum((y * sympy.exp(-x * y) - y) * sympy.exp(uy)) == y * expm1(-x * y) * sympy.exp(uy)
+    assert exp_log._exp_into_sum((y * sympy.exp(-x * y) - y) * sympy.exp(uy)) == y * expm1(-x * y) * sympy.exp(uy)
     # Only where the exp falls doubly exponentially, the sum has an exp of its symbols, and
     # no term is a quotient (the cloglog's speed-mode second derivative was 0/0 that way).
     for unchanged in (
@@ -3146,24 +3147,24 @@ def test_an_expm1_times_a_falling_exp_takes_a_where_and_a_sum_shares_the_exp():
         (1 + sympy.exp(x)) * sympy.exp(sympy.exp(x)),
         (1 + sympy.exp(x) / expm1(-sympy.exp(x))) * sympy.exp(x - sympy.exp(x)),
     ):
-        assert stable._exp_into_sum(unchanged) is None, unchanged
+        assert exp_log._exp_into_sum(unchanged) is None, unchanged
     second = stabilize(sympy.diff(sympy.exp(u), x, 2))
     products = [node for node in sympy.preorder_traversal(second) if node.is_Mul]
     assert not any(f.is_Add and f.has(sympy.exp) for node in products for f in node.args), second
 
 
 def test_a_removable_singularitys_derivative_is_rewritten_as_every_derivative_is():
-    """Removable.fdiff rewrites its closed form's derivative (stable.stable_closed_form): it
+    """Removable.fdiff rewrites its closed form's derivative (engine.stable_closed_form): it
     is printed away from 0, and double backward differentiates it. x/(1 - exp(-x))'s second
     derivative had exp(-x)/expm1(-x)**2 in it, inf/inf = nan from x = -89 in float32."""
     x = X
-    (gradient,) = [t for t in sympy.preorder_traversal(stabilize(sympy.diff(x / (1 - sympy.exp(-x)), x))) if isinstance(t, sf.Removable)]
+    (gradient,) = [t for t in sympy.preorder_traversal(stabilize(sympy.diff(x / (1 - sympy.exp(-x)), x))) if isinstance(t, taylor.Removable)]
     second = type(gradient.diff(x)).closed
     assert not any(isinstance(node, sympy.exp) for node in sympy.preorder_traversal(second)), second
 
 
 def test_the_log_of_a_sinh_becomes_log_sinh():
-    """stable._rule_log: log(c*sinh(u)) -> log(|c|) + log_sinh(+-u), the sign making
+    """exp_log._rule_log: log(c*sinh(u)) -> log(|c|) + log_sinh(+-u), the sign making
     c*sinh(u) positive; not of a Piecewise (whose form would repeat it)."""
     x = sympy.Symbol("x", real=True)
     assert stabilize(sympy.log(sympy.sinh(x))) == sf.log_sinh(x)
@@ -3174,7 +3175,7 @@ def test_the_log_of_a_sinh_becomes_log_sinh():
 
 
 def test_an_exponential_times_a_sigmoid_of_it_joins_the_exponents():
-    """stable._sigmoid_of_exp: exp(k*v)*sigmoid(-c*exp(v))**j -> exp(k*v - j*c*exp(v))*
+    """exp_log._sigmoid_of_exp: exp(k*v)*sigmoid(-c*exp(v))**j -> exp(k*v - j*c*exp(v))*
     sigmoid(c*exp(v))**j for positive numbers k, c, j; not where the sigmoid's argument is
     not minus a multiple of the same exponential."""
     x = sympy.Symbol("x", real=True)
@@ -3194,7 +3195,7 @@ def test_an_exponential_times_a_sigmoid_of_it_joins_the_exponents():
 
 
 def test_a_root_plus_what_it_nearly_cancels_becomes_hypot_plus():
-    """stable._hypot_sum: q*hypot(u, b)/H + q*s*u/H -> q*hypot_plus(s*u, b)/H, only where
+    """roots._hypot_sum: q*hypot(u, b)/H + q*s*u/H -> q*hypot_plus(s*u, b)/H, only where
     s*u can be negative, and after the rules that make asinh and hypot_excess."""
     x = sympy.Symbol("x", real=True)
     root = sf.hypot(x, 2)
@@ -3277,7 +3278,7 @@ def test_speed_returns_a_recomputed_gradient_whose_autograd_derivative_is_wrong(
 
 
 def test_norm_powers_become_ratios_of_the_norm():
-    """stable._rule_norm_ratio: a homogeneous polynomial of a norm's components over a power
+    """roots._rule_norm_ratio: a homogeneous polynomial of a norm's components over a power
     of the norm takes as much of the power as its degree, as quotients kept whole."""
     h = sf.hypot(X, Y)
     r = lambda c, n=h: sf.norm_ratio(c, n)  # noqa: E731

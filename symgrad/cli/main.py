@@ -12,12 +12,12 @@ import types
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from .. import __version__
 from ..api import generate_file, record_templates, source_for_spec
 from ..codegen.write import Refused, atomic_write, ensure_package, is_hand_edited, read_spec, read_text, write_status
 from ..errors import SymgradError
-from ..functions import FUNCTIONS
+from ..frontend.grammar import FUNCTIONS
 from ..spec import SAVE_POLICIES, Spec, parse_domain_option, parse_grad_option, parse_name_list
+from ..version import __version__
 from .config import load_targets
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 123

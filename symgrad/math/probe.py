@@ -15,14 +15,16 @@ import mpmath
 import sympy
 from sympy.printing.pycode import MpmathPrinter
 
+
 FLOAT64_MAX = 1.7976931348623157e308
 _FLOAT64_MAX_MPF = mpmath.mpf(FLOAT64_MAX)
 
 
 # Probe evaluation is in mpmath, whose cost grows with the size of an exponent: sinh of
-# sinh(sinh(30)) (about e**(5e12)) would never finish (found by the fuzz campaign). Values
+# sinh(sinh(30)) (about e**(5e12)) would never finish. Values
 # that large are far outside float64 anyway, so the exponential functions and powers
 # refuse them (OverflowError, i.e. "not moderate") instead of computing them.
+
 PROBE_MAX_EXPONENT = 1e5
 PROBE_MAX_TRIG_ARGUMENT = 1e300  # beyond float64; reducing sin(1e43429) would need a 144k-bit pi
 PROBE_MAX_SPECIAL_ARGUMENT = 1e300  # loggamma, polygamma (beyond float64 they are inf or nan anyway)
@@ -46,7 +48,7 @@ def _probe_polygamma(order, argument):
     """mpmath's polygamma, refusing arguments it would take minutes over.
 
     Below 0 it recurs up to positive arguments one unit at a time: 3 s at -1e6, minutes at
-    -2e7 (trigamma in a domain probe; found by the fuzz campaign).
+    -2e7 (trigamma in a domain probe).
     """
     if not abs(argument) <= PROBE_MAX_SPECIAL_ARGUMENT or mpmath.re(argument) < -PROBE_MAX_NEGATIVE_POLYGAMMA:
         raise OverflowError("polygamma argument too large to probe")
@@ -75,12 +77,12 @@ def remembered(fn):
     (2048 bits, after a first call: erf(30) 33 ms, erfc(30) 29 ms, digamma(30) and
     ncdf(-30) 14 ms, against 0.15 ms for sin(30)), and a constant call such as erf(30) is
     evaluated again at every probe point of every candidate form: generating
-    ``hypot(...)**(erf(30)**y)`` (a fuzz campaign find) made 24,763 erf calls, 111 s of its
+    ``hypot(...)**(erf(30)**y)`` made 24,763 erf calls, 111 s of its
     119 s under a profiler. Remembered, each constant costs one evaluation per precision
     (that expression: 4 s from the command line, was 110). The value is the one ``fn``
     gives: the key holds the precision, and the arguments' types (``typed``: mpf(30) and
-    mpc(30, 0) are equal keys, but erf returns an mpf for one and an mpc for the other; a
-    review find). Exceptions are not remembered, so they are raised again each time.
+    mpc(30, 0) are equal keys, but erf returns an mpf for one and an mpc for the other).
+    Exceptions are not remembered, so they are raised again each time.
     """
 
     @functools.lru_cache(maxsize=1024, typed=True)
@@ -100,7 +102,8 @@ def remembered(fn):
 
 
 # The costly ones (see remembered), for the probe code and for the mpmath implementations of
-# symgrad.stable_functions (ndtr(30) took as long as erf(30); a review find).
+# symgrad.math.functions (ndtr(30) took as long as erf(30)).
+
 REMEMBERED = {name: remembered(getattr(mpmath, name)) for name in ("erf", "erfc", "ncdf", "polygamma")}
 
 _PROBE_NAMESPACE = {
@@ -124,6 +127,7 @@ _PROBE_NAMESPACE = {
 # value (AttributeError), a comparison of complex values (TypeError), a series that does
 # not converge (NoConvergence), a name the printer left unknown (NameError), and a number
 # too large to hold (MemoryError). One list for every probe.
+
 PROBE_FAILURES = (ArithmeticError, ValueError, TypeError, AttributeError, NameError, MemoryError, mpmath.libmp.NoConvergence)
 
 
@@ -135,7 +139,7 @@ class _ProbePrinter(MpmathPrinter):
 
     # Printed directly: SymPy's own printing may rewrite Max/Min and logic into Piecewise and
     # conjunctive normal form, which is exponential in the number of conditions (a hang on
-    # Min(Max(...), Min(...), gamma(log(y)) < 0), found by the fuzz campaign).
+    # Min(Max(...), Min(...), gamma(log(y)) < 0)).
     def _print_Heaviside(self, expr):
         return f"_probe_heaviside({self._print(expr.args[0])})"
 
@@ -156,14 +160,13 @@ class _ProbePrinter(MpmathPrinter):
 
     def _print_ITE(self, expr):
         # (ITE: a condition that compares conditions. SymPy's printer rewrites it as a
-        # Piecewise, whose folding ran for minutes on a few nested ones: found by the fuzz
-        # campaign.)
+        # Piecewise, whose folding ran for minutes on a few nested ones:.)
         condition, then, otherwise = (self._print(a) for a in expr.args)
         return f"(({then}) if ({condition}) else ({otherwise}))"
 
     def _print_ComplexRootOf(self, expr):
         # A root of a polynomial, where SymPy solved a Piecewise condition (x > x**4/2 - 1/2
-        # became a root interval, found by the fuzz campaign): its value.
+        # became a root interval): its value.
         value = expr.evalf(30)
         if not value.is_real:
             raise TypeError("a complex root in a condition")
@@ -195,7 +198,7 @@ def real_only(evaluate):
     """Make every function the probe code calls refuse a complex result.
 
     torch computes over the reals: acos(y)**2 is NaN for y > 1, although in mpmath the
-    complex acos squares to a real number (found by the fuzz campaign). A complex
+    complex acos squares to a real number. A complex
     intermediate is therefore "not moderate", like an infinite one, and so is one beyond
     float64's range.
     """
@@ -223,7 +226,7 @@ def _real_result(fn):
             value = value.real
         if isinstance(value, mpmath.mpf) and abs(value) > _FLOAT64_MAX_MPF:
             # float64 overflows here even if the end result is moderate in mpmath:
-            # ((7 + y)**1095)**(y - 1) is inf**... in torch (found by the fuzz campaign)
+            # ((7 + y)**1095)**(y - 1) is inf**... in torch
             raise OverflowError("intermediate value beyond float64")
         return value
 

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import mpmath
 import sympy
 
-from .errors import SymgradError
-from .functions import CONSTANTS, FUNCTIONS, REDUCTIONS, REJECTED_NAMES
-from .spec import Spec
+from ..errors import SymgradError
+from ..spec import Spec
+from .grammar import CONSTANTS, FUNCTIONS, REDUCTIONS, REJECTED_NAMES
+
 
 # Documented limits (README, "Limits"). Each is far above any real activation function.
+
 MAX_LENGTH = 20_000  # characters of expression text
 MAX_DEPTH = 100  # nesting of the expression tree
 MAX_NODES = 5_000  # syntax-tree nodes
@@ -38,8 +40,10 @@ MAX_CONDITION_COMPARISONS = 256  # a Piecewise condition, once its Piecewise val
 
 # SymPy evaluates these exactly at integer arguments (gamma(10**9) is a factorial that
 # never finishes), so a large constant argument is evaluated numerically instead.
+
 _EXACT_AT_INTEGERS = ("gamma", "loggamma", "digamma")
 # Hints for names users coming from SymPy or Python may try.
+
 _UNKNOWN_HINTS = {
     "Integral": "unevaluated integrals are not supported; write the integrand's closed form",
     "integrate": "integration is not supported; write the closed form",
@@ -65,6 +69,7 @@ _COMPARE = {
     ast.NotEq: sympy.Ne,
 }
 # Why a construct is refused, in words a user recognises.
+
 _REFUSED_NODES = {
     ast.Attribute: "attribute access (a.b) is not allowed",
     ast.Subscript: "subscripts (a[i]) are not allowed",
@@ -331,7 +336,7 @@ class _Builder:
                 # Complex for every input (but where the base is 0), which SymPy keeps symbolic:
                 # log(-exp(x)) is x + I*pi, and printing (-x**2)**(1/2 + E)**3 splits off the
                 # complex constant (-1)**(1/2 + E)**3. Refused here, before simplify's cancel()
-                # runs for minutes on it (both found by the fuzz campaign).
+                # runs for minutes on it.
                 raise self.fail(node, f"{part} is complex for every input: its argument is never positive")
         if expr.has(sympy.zoo, sympy.oo, -sympy.oo, sympy.nan):
             raise self.fail(node, "the expression has an infinite or undefined constant (e.g. 1/0 or log(0))")
@@ -350,7 +355,7 @@ class _Builder:
                 if value.has(sympy.Float) and not value.is_Float:
                     # Arithmetic on a float literal is float64 arithmetic: log(0.5, 1/2) is the
                     # float 1.0, not 1 + 3e-17, whose derivative's exponent 3e-17 would make
-                    # a negative base NaN (found by the fuzz campaign).
+                    # a negative base NaN.
                     value = sympy.Float(float(value.evalf(17)))
             elif value.has(sympy.zoo, sympy.oo, -sympy.oo, sympy.nan):
                 # e.g. log of a 0/1 indicator: Piecewise((0, x > 1), (zoo, True))
@@ -377,8 +382,7 @@ class _Builder:
         except (TypeError, ValueError, ArithmeticError, RecursionError, AttributeError):
             raise self.fail(node, f"the constant {self.source(node)} cannot be evaluated") from None
         if not (real.is_finite and imag.is_finite):
-            # a pole that SymPy does not fold to zoo: digamma(-2) evaluates to nan (found by
-            # the fuzz campaign)
+            # a pole that SymPy does not fold to zoo: digamma(-2) evaluates to nan
             raise self.fail(node, f"the constant {self.source(node)} is infinite or undefined (like 1/0 or log(0))")
         # (abs: a Float 0.0 is != 0 in SymPy 1.14)
         if abs(imag) > 0 and (abs(imag) > 1e-12 * max(abs(real), 1) or self._complex_at_higher_precision(value, imag)):
@@ -392,7 +396,7 @@ class _Builder:
     def _complex_at_higher_precision(value: sympy.Expr, imag: sympy.Float) -> bool:
         """Whether a tiny imaginary part is the value's own, not rounding noise: noise shrinks
         as the precision grows, a true one stays. (-1e-3)**(pi + 2.5) is 5e-18 - 1.1e-17*I,
-        which passed as real and then failed to convert (found by the fuzz campaign)."""
+        which passed as real and then failed to convert."""
         try:
             precise = sympy.Float(sympy.im(value.evalf(40, maxn=400)), 40)
         except (TypeError, ValueError, ArithmeticError, RecursionError, AttributeError):
@@ -596,12 +600,12 @@ class _Builder:
             raise self.fail(node, f"cannot build {self.source(node)}: {exc}") from None
         except RecursionError:
             # SymPy 1.14 recurses without end folding some conditions, e.g.
-            # (z - y <= 10) & (z - E <= z - y) (found by the fuzz campaign)
+            # (z - y <= 10) & (z - E <= z - y)
             raise self.fail(
                 node, f"cannot build {self.source(node)}: SymPy recursed without end on its conditions"
             ) from None
         # SymPy 1.14 folding such a condition into the Piecewise ran for minutes:
-        # (1 >= gamma(zoo)) & (x >= 3), from 1 >= gamma(gamma(x < 3)) (fuzz campaign 34).
+        # (1 >= gamma(zoo)) & (x >= 3), from 1 >= gamma(gamma(x < 3)).
         raise self.fail(
             node,
             f"cannot build {self.source(node)}: on one of its branches a condition compares an"
@@ -650,7 +654,7 @@ def _without_piecewise(condition: sympy.logic.boolalg.Boolean, budget: list[int]
     SymPy folds a condition holding a Piecewise itself when it builds the pair, and its
     fold simplifies the resulting ITE with ``simplify_logic``, which tests relationals for
     equality at random points: on some hash seeds a power of random rationals ran for
-    minutes (a fuzz campaign find). The expansion is plain boolean logic, so it costs only
+    minutes. The expansion is plain boolean logic, so it costs only
     its size, which ``budget`` (comparisons left to build) bounds.
     """
     if not condition.has(sympy.Piecewise):

@@ -23,14 +23,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 import sympy
-
 from sympy.codegen.cfunctions import expm1, log1p
 
-from .stable_functions import log_sigmoid, mish, sigmoid, silu, softplus
+from ..math.functions import log_sigmoid, mish, sigmoid, silu, softplus
+
 
 # Points at which a gradient and a kernel's derivative must agree, one value per symbol
 # (fixed, so that generation is deterministic; irrational-looking so that no identity
 # holds there by accident).
+
 _PROBES = (0.3719, -1.2041, 2.3307, -0.4391, 1.7713)
 _PROBE_DIGITS = 50
 _AGREEMENT = sympy.Float(10) ** -40
@@ -52,6 +53,7 @@ class Kernel:
 # (measured on this CPU, 1 thread, 1e7 float32 values, upstream gradient included:
 # softplus_backward 5.6 ms against 9.4 for the formula's sigmoid and product, silu_backward
 # 5.4 against 20-30, two softplus_backward 11.2 against 21.6 for sigmoid(u)*sigmoid(-u)).
+
 KERNELS = (
     # d/du softplus(u) = sigmoid(u): g*z/(z + 1) with z = exp(u), and g itself above the
     # threshold, where sigmoid(u) is 1 in float64 already (1 - 4e-18 at 40).
@@ -128,9 +130,9 @@ def first_order_kernel(derivative: sympy.Expr, symbols: set[sympy.Symbol]) -> Ke
     Only for a derivative built from analytic functions: two analytic expressions that
     agree at the probe points are equal, but a Piecewise, Min or clamp can agree there and
     differ beyond a breakpoint (Min(x*sigmoid(x), 3) matched SiLU's kernel, and its
-    gradient above 3 was SiLU's, not 0; found in review). Nor with a number factor: then
+    gradient above 3 was SiLU's, not 0). Nor with a number factor: then
     the kernel, its scaled argument and the product cost as much as the formula
-    (2*sigmoid(2*x): 64.1 against 62.9 ms at 1e7; found in review).
+    (2*sigmoid(2*x): 64.1 against 62.9 ms at 1e7).
     """
     if derivative.as_coeff_Mul()[0] != 1 or not _analytic(derivative):
         return None
@@ -158,6 +160,7 @@ def first_order_kernel(derivative: sympy.Expr, symbols: set[sympy.Symbol]) -> Ke
 
 
 # Analytic wherever they are defined: what first_order_kernel's derivatives may hold.
+
 _ANALYTIC = (
     sympy.exp,
     sympy.log,
@@ -212,7 +215,7 @@ def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
 @dataclass(frozen=True)
 class ForwardKernelRule:
     """One ATen activation kernel for forward bodies: the SymPy function printed as its
-    call (stable_functions.ForwardKernel), the transcendental call its formula makes, of an
+    call (functions.ForwardKernel), the transcendental call its formula makes, of an
     argument ``u``, and how to find ``u`` from a node that may be that call."""
 
     function: type
@@ -231,6 +234,7 @@ class ForwardKernelRule:
 # keeps the subnormal exp(u); F.silu and x*sigmoid(x) are both 0 there; F.logsigmoid is
 # min(u, 0) - log1p(exp(-|u|)). Fused bodies keep the formula: inductor compiles it into
 # its one kernel anyway.
+
 FORWARD_KERNELS = (
     ForwardKernelRule(
         mish,
@@ -254,7 +258,7 @@ def with_forward_kernels(expr: sympy.Expr, others: tuple[sympy.Expr, ...] = ()) 
 
     A formula is replaced only where its transcendental call is then gone from ``expr`` and
     ``others`` (x*sigmoid(x) + sigmoid(x), or a second output sigmoid(x), keeps its one
-    sigmoid and a product, cheaper than the sigmoid and a silu; found in review) and the
+    sigmoid and a product, cheaper than the sigmoid and a silu) and the
     expression has fewer operations (-softplus(-x) becomes log_sigmoid(x), softplus(-x)
     stays). ``subs`` finds a formula inside a product or a power too: x**2*sigmoid(x) is
     x*silu(x).

@@ -14,9 +14,11 @@ from typing import Callable
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
-from .stable_functions import erfcx, hypot, log_ndtr, logaddexp, ndtr, sigmoid, softplus, xlogy
+from ..math.functions import erfcx, hypot, log_ndtr, logaddexp, ndtr, sigmoid, softplus, xlogy
+
 
 # Where a function's argument must lie, for sampling test inputs. OpInfo-style domains.
+
 POSITIVE = "positive"  # arg > 0
 NONZERO = "nonzero"  # arg != 0
 UNIT = "unit"  # -1 < arg < 1
@@ -87,7 +89,7 @@ FUNCTIONS: dict[str, Entry] = {
         _unary("gamma", sympy.gamma, "torch.lgamma + sign", note="exp(lgamma(x)) with the sign of gamma"),
         _unary("loggamma", sympy.loggamma, "torch.lgamma", POSITIVE),
         _unary("digamma", sympy.digamma, "torch.special.digamma"),
-        # Stable functions (symgrad.stable_functions); symgrad also rewrites their naive
+        # Stable functions (symgrad.math.functions); symgrad also rewrites their naive
         # spellings (log(1+exp(x)), 1/(1+exp(-x)), ...) into them.
         _unary("sigmoid", sigmoid, "torch.sigmoid", note="1/(1+exp(-x)); its gradient stays exact in the tails"),
         _unary("softplus", softplus, "torch.nn.functional.softplus", note="log(1+exp(x)), threshold 40"),
@@ -106,10 +108,12 @@ FUNCTIONS: dict[str, Entry] = {
 REDUCTIONS = ("sum", "mean")
 
 # Named constants users may write. Everything else that is a bare name is a symbol.
+
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E}
 
 # Names SymPy users might expect, but that make no sense for real tensors: rejected with
 # a reason rather than silently becoming a symbol.
+
 REJECTED_NAMES: dict[str, str] = {
     "I": "the imaginary unit I is not supported: symgrad works over the real numbers",
     "oo": "infinity (oo) is not supported: expressions must be finite",
