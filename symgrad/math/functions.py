@@ -3,7 +3,7 @@
 Each is a :class:`sympy.Function` with an exact ``fdiff`` (so gradients and double
 gradients stay symbolic and correct), an mpmath implementation (``_imp_``, which
 ``lambdify(..., "mpmath")`` and ``evalf`` use), and a torch spelling in
-:data:`symgrad.printer.PRINTERS` (or, for the generated families below, a ``torch_code``
+:data:`symgrad.codegen.printer.PRINTERS` (or, for the generated families below, a ``torch_code``
 method the printer calls).
 
 - ``softplus(u) = log(1 + exp(u))``            -> ``torch.nn.functional.softplus``
