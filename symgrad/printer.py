@@ -553,6 +553,59 @@ def print_torch(
     return TorchPrinter(names, reference, compiled, promote).doprint(numbers_to_floats(expr))
 
 
+# The module-level helpers (HELPERS) that PRINTERS' entries call, by function class.
+PRINTER_HELPERS: dict[type, str] = {
+    mish: "_floating",
+    silu: "_floating",
+    log_sigmoid: "_floating",
+    log_ndtr: "_log_ndtr",
+    erfcx: "_erfcx",
+}
+
+
+def helpers_used(
+    expr: sympy.Basic, reference: str | None = None, compiled: bool = False, promote: bool = False
+) -> frozenset[str]:
+    """The module-level helpers (HELPERS) that ``print_torch(expr, ..., reference, compiled,
+    promote)`` calls, read from the SymPy tree and the printer's tables: PRINTER_HELPERS,
+    COMPILED_CALLS under ``compiled``, and ``_dtype_with`` where a Piecewise of number
+    branches is made a tensor beside an input (``promote``)."""
+    return _helpers_in(numbers_to_floats(expr), reference, compiled, promote)
+
+
+def _helpers_in(expr: sympy.Basic, reference: str | None, compiled: bool, promote: bool) -> frozenset[str]:
+    found: set[str] = set()
+    for node in sympy.preorder_traversal(expr):
+        kind = type(node)
+        if getattr(kind, "expanded", None) is not None and getattr(kind, "torch_code", None) is not None:
+            # (A generated family prints its expansion: read that too.)
+            try:
+                expansion = kind.expanded(*node.args)
+            except NotImplementedError:
+                expansion = None
+            if expansion is not None:
+                found |= _helpers_in(numbers_to_floats(expansion), reference, compiled, promote)
+        if compiled and kind in COMPILED_CALLS:
+            found.add(COMPILED_CALLS[kind])
+        elif kind in PRINTER_HELPERS:
+            found.add(PRINTER_HELPERS[kind])
+        if isinstance(node, sympy.Piecewise) and reference is not None and promote and _number_branches(node):
+            found.add("_dtype_with")
+    return frozenset(found)
+
+
+def _number_branches(expr: sympy.Piecewise) -> bool:
+    """Whether TorchPrinter._print_Piecewise makes a number branch a tensor (two number
+    branches meet in one torch.where)."""
+    *branches, (otherwise, _) = expr.args
+    inner_is_number = otherwise.is_number
+    for value, _ in reversed(branches):
+        if value.is_number and inner_is_number:
+            return True
+        inner_is_number = False
+    return False
+
+
 def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
     """Constant subexpressions other than integers become 17-digit Floats, except in
     exponents (``x**(1/3)`` stays a root).

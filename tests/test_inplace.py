@@ -1,4 +1,4 @@
-"""symgrad.inplace: eager bodies mutate only their own fresh temporaries, and only safely.
+"""symgrad.plan.inplace: eager bodies mutate only their own fresh temporaries, and only safely.
 
 The rules are checked on printed lines (data-driven, as the printer's own tests are); the
 generated modules run them under gradcheck, gradgradcheck, vmap, jacrev/jacfwd, forward
@@ -15,8 +15,9 @@ from test_fuzz import import_source
 from torch.func import jacrev, vmap
 
 import symgrad
-import symgrad.plan
-from symgrad.inplace import reuse_buffers
+import symgrad.plan.bodies
+import symgrad.plan.inplace
+from symgrad.plan.inplace import Reuse, reuse_buffers
 
 TENSORS = frozenset({"x", "y", "grad_output", "x_tangent"})
 GRADIENTS = frozenset({"grad_output", "x_tangent"})
@@ -135,13 +136,13 @@ def test_rewrite(line, expected):
 
 def _count_visits(monkeypatch) -> list:
     visited = []
-    visit = symgrad.inplace._Rewriter.visit
+    visit = symgrad.plan.inplace._Rewriter.visit
 
     def counted(self, node):
         visited.append(node)
         return visit(self, node)
 
-    monkeypatch.setattr(symgrad.inplace._Rewriter, "visit", counted)
+    monkeypatch.setattr(symgrad.plan.inplace._Rewriter, "visit", counted)
     return visited
 
 
@@ -215,7 +216,7 @@ def _in_place_and_not(text: str, name: str, directory, monkeypatch, **options):
     """The module as generated, and with reuse_buffers switched off (the out-of-place code)."""
     new = import_source(symgrad.generate_source(text, name, **options), directory)
     with monkeypatch.context() as patch:
-        patch.setattr(symgrad.plan, "reuse_buffers", lambda lines, returns, *rest: (lines, returns))
+        patch.setattr(symgrad.plan.bodies, "reuse_buffers_in", lambda method, *rest: Reuse(method, False, False))
         old = import_source(symgrad.generate_source(text, name, **options), directory)
     return new, old
 

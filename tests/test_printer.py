@@ -19,7 +19,7 @@ import torch
 from symgrad import stable_functions as sf
 from symgrad.errors import SymgradError
 from symgrad.functions import FUNCTIONS, REDUCTIONS
-from symgrad.inplace import reuse_buffers
+from symgrad.plan.inplace import reuse_buffers
 from symgrad.printer import HELPERS, PRINTERS, print_torch
 from symgrad.stable import stabilize
 
