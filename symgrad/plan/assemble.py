@@ -146,7 +146,7 @@ class _Assembler:
         if b.second:
             tensors |= set(b.second.backward.params[1:])  # (its cotangents)
         by_values, by_tangents = self.output_deciders()
-        return HalfPolicy(half, frozenset(tensors), rounded, by_values, by_tangents)
+        return HalfPolicy(half, frozenset(tensors), rounded, by_values, by_tangents, per_output=not b.p.spec.fast)
 
     def output_deciders(self) -> tuple[tuple[Decider | None, ...] | None, tuple[Decider | None, ...] | None]:
         """For a module of several outputs, per user output: the name rounding it back to

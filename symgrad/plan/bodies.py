@@ -156,16 +156,16 @@ class Builder:
 
     # -- buffer reuse -----------------------------------------------------------------
     def eager(self, method: Method, differentiating: bool = False, gradients: tuple[str, ...] = ()) -> Method:
-        """An eager body reuses its temporaries' buffers (symgrad.plan.inplace). Not
-        --inplace, whose forward writes its input, and not fused bodies: inductor plans its
-        own buffers.
+        """Under --fast, an eager body reuses its temporaries' buffers (symgrad.plan.inplace);
+        by default it stays plain out-of-place arithmetic. Not --inplace, whose forward
+        writes its input, and not fused bodies: inductor plans its own buffers.
 
         ``differentiating``: backward and jvp run only when an input is differentiated, so
         with a single input that input is floating (only floating tensors have gradients and
         tangents), and so is every output computed from it. ``gradients``: more parameters
         that hold gradients (SecondDerivative's backward's).
         """
-        if self.p.spec.inplace:
+        if self.p.spec.inplace or not self.p.spec.fast:
             return method
         gradients = frozenset(self.names.grad_outputs + self.names.tangents + gradients)
         tensors = frozenset(self.name(s) for s in self.inputs + self.names.results) | gradients
@@ -260,14 +260,17 @@ class Builder:
         users = _temp_users(temps, reduced, [j for _, j in entries])
         body += [self.assign(t, e) for t, e in temps if len(users[t]) > 1]
         grads = []
+        # Backward runs only when some input needs a gradient: with one input, that one.
+        only_input = self.single_tangent() and not self.p.spec.fast and not self.pure
         for j, symbol in enumerate(self.inputs):
             grad = self.names.grads[j]
             terms = [(self.backward_term(i, expr), expr) for (i, jj), expr in zip(entries, reduced) if jj == j]
-            body.append(Assign(grad, "None"))
+            if not (only_input and terms):
+                body.append(Assign(grad, "None"))
             grads.append(grad)
             if not terms:
                 continue
-            condition = f"{self.ctx_ref('needs_input_grad')}[{j}]"
+            condition = None if only_input else f"{self.ctx_ref('needs_input_grad')}[{j}]"
             branch: list[Statement] = [self.assign(t, e) for t, e in temps if users[t] == {j}]
             texts = [text for text, _ in terms]
             if self.broadcasts:
@@ -278,14 +281,19 @@ class Builder:
             branch.append(Assign(grad, " + ".join(texts), self.helpers(*(e for _, e in terms))))
             kernel = kernels[j]
             if kernel is not None and create_graph:
-                branch = [
-                    Comment("First order (create_graph=True returned above): ATen's fused backward kernel,"),
-                    Comment("fewer passes over memory."),
-                    Assign(grad, *kernel),
-                ]
+                branch = [Comment("First order: ATen's backward kernel, fewer passes over memory."), Assign(grad, *kernel)]
             elif kernel is not None:
                 branch = [_first_order_branch(grad, kernel, branch, sech_as_sigmoids=j in rewritten)]
-            body.append(If(condition, tuple(branch)))
+            if condition is None and len(branch) == 1 and isinstance(branch[0], Assign) and branch[0].target == grad:
+                # (returned as it is computed)
+                return Method(
+                    ("ctx",) + self.names.grad_outputs,
+                    tuple(body),
+                    (branch[0].value,),
+                    unpack=unpack,
+                    value_helpers=branch[0].helpers,
+                )
+            body += branch if condition is None else [If(condition, tuple(branch))]
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(body), tuple(grads), unpack=unpack)
 
@@ -424,6 +432,10 @@ class Builder:
                 value = terms[0][1]
                 if out.reduction is not None:
                     value = f"({value}).expand({self.ctx_ref(self.saving.shape_attr(i))}).{out.reduction}()"
+                if self.n_out == 1 and not self.p.spec.fast:
+                    return Method(
+                        ("ctx",) + self.names.tangents, tuple(body), (value,), unpack=unpack, value_helpers=helpers
+                    )
                 body.append(Assign(tangent, value, helpers))
             else:
                 present = [(self.names.tangents[j], term) for j, term, _ in terms]

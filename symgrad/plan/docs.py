@@ -10,6 +10,29 @@ import sympy
 from ..derive import IDENTITIES
 
 
+# ``__symgrad__``'s keys that a module leaves out at these values (Docs.metadata).
+_DEFAULTS = {
+    "params": {},
+    "outputs": ["elementwise"],
+    "nondifferentiable": [],
+    "surrogate": {},
+    "inplace": False,
+    "save": "memory",
+}
+
+
+def metadata_of(module) -> dict:
+    """A generated module's ``__symgrad__`` with every key: the class (``function``), the
+    functional alias and the keys it leaves out at their defaults. ``module``: the module,
+    or its namespace."""
+    namespace = module if isinstance(module, dict) else vars(module)
+    data = {"function": namespace["__all__"][0], "alias": namespace["__all__"][1]}
+    data.update({key: value for key, value in _DEFAULTS.items() if key != "outputs"})
+    data["outputs"] = ["elementwise"]
+    data.update(namespace["__symgrad__"])
+    return data
+
+
 class Docs:
     """Documentation of one plan (``builder``: :class:`~.bodies.Builder`)."""
 
@@ -71,7 +94,7 @@ class Docs:
                 "In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that"
                 " the same expression has just made, never an input, a saved tensor or a named"
                 " value: an in-place op skips the read of a new buffer that an out-of-place op"
-                " pays, and autograd, vmap and broadcasting allow each of them (symgrad.inplace).",
+                " pays, and autograd, vmap and broadcasting allow each of them (symgrad.plan.inplace).",
                 width=88,
             )
         if self.b.fused_terms:
@@ -102,34 +125,31 @@ class Docs:
         derivatives = set(self.b.names.results[self.b.n_user :])
         for symbol in saved:
             if symbol in derivatives:
-                parts.append(f"{self.b.name(symbol)} (a derivative forward returned, so backward only multiplies by it)")
+                parts.append(f"{self.b.name(symbol)} (a derivative forward returned)")
             elif symbol in self.b.names.results:
-                parts.append(f"{self.b.name(symbol)} (the output: the gradient is written in terms of it, so backward recomputes nothing)")
+                parts.append(f"{self.b.name(symbol)} (the output, in which the gradient is written)")
             elif once and symbol == self.b.inputs[0]:
                 parts.append(f"{self.b.name(symbol)} (a copy of the input from before it is overwritten)")
             else:
                 parts.append(f"{self.b.name(symbol)} (the gradient depends on it)")
         parts += [f"{self.b.name(p)} (a param the gradient uses)" for p in self.b.saving.saved_params()]
-        n_tensors = len(saved)
-        # Each saved tensor is at most the size of the (broadcast) output; exactly, with one input.
-        at_most = "at most " if self.b.broadcasts else ""
-        text = (
-            "Saved for backward: " + "; ".join(parts) + "."
-            f" That is {n_tensors} tensor{'s' if n_tensors != 1 else ''}: {at_most}{4 * n_tensors} bytes per"
-            " element of the output in float32."
-        )
+        text = "Saved for backward: " + "; ".join(parts) + "."
         if once:
             text += " The copy is not part of the graph, so double backward is refused."
-        elif self.b.speed:
-            text += (
-                " The derivatives are outputs, not hidden intermediates, so double backward"
-                " differentiates them exactly."
-            )
-        else:
-            text += " No forward intermediate is saved, so double backward stays exact."
         return tuple(textwrap.wrap(text, width=86))
 
     def metadata(self) -> str:
+        """The module's ``__symgrad__``: what tests and tools read, compact (keys at their
+        defaults are left out, and the class and alias are ``__all__``; :func:`metadata_of`
+        reads it whole)."""
+        data = self.full_metadata()
+        for key in ("function", "alias"):
+            del data[key]
+        n_outputs = len(data["outputs"])
+        defaults = {**_DEFAULTS, "outputs": ["elementwise"] * n_outputs if n_outputs == 1 else None}
+        return repr({key: value for key, value in data.items() if value != defaults.get(key)})
+
+    def full_metadata(self) -> dict:
         domain = {s.name: (lo, hi) for s, lo, hi in self.b.d.domain}
         params = {p.name: value for p, value in self.b.second_derivatives.param_samples().items()}
         data = {
@@ -146,4 +166,4 @@ class Docs:
             "save": self.b.p.spec.save,
             "saved": [self.b.name(s) for s in self.b.saving.saved()],
         }
-        return repr(data)
+        return data

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .ir import Comment, CreateGraphBranch, FirstOrderBranch, If, Method, Plan, Rounding, Statement, Widen, walk
-from .operations import count_statements, kernels
+from .operations import count_statements, every_value_is_one_operation, kernels
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class HalfPolicy:
     rounded: int | None
     by_values: tuple[Decider | None, ...] | None
     by_tangents: tuple[Decider | None, ...] | None
+    # Decide per returned value (the default): a body whose every value is one operation
+    # is not widened. Otherwise per body (--fast keeps the output it had).
+    per_output: bool = True
 
 
 def half_in_float32(plan: Plan, policy: HalfPolicy) -> Plan:
@@ -56,6 +59,8 @@ def half_in_float32(plan: Plan, policy: HalfPolicy) -> Plan:
     def in_float32(method: Method | None, gradients: bool = False, deciders=None) -> Method | None:
         if method is None or kernels(method) <= 1:
             return method  # (a fused module's methods call its bodies: one operation)
+        if not gradients and policy.per_output and every_value_is_one_operation(method):
+            return method  # (each output is one ATen kernel, which computes float16 in float32)
         if gradients:
             return _in_float32_backward(method, policy)
         return _in_float32(method, policy, deciders)
@@ -119,7 +124,8 @@ def _in_float32_backward(method: Method, policy: HalfPolicy) -> Method:
     names = _widened_names(method, policy.tensors)
     if not names:
         return method
-    widen = Widen(names, policy.half)
+    # (Gradients are not rounded back: the dtype decision is not used.)
+    widen = Widen(names, "_")
     body = list(method.body)
     branches = [k for k, s in enumerate(body) if isinstance(s, CreateGraphBranch)]
     if branches:

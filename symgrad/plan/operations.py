@@ -133,6 +133,31 @@ def one_elementwise_operation(body: Method, scalars: frozenset[str] = frozenset(
     return count.operators <= 1 and not count.calls
 
 
+def every_value_is_one_operation(body: Method) -> bool:
+    """Whether each value ``body`` returns is computed by at most one kernel, counting the
+    temporaries it reads (a body of plain assignments; any branch makes it False)."""
+    if body.unpack is not None and body.unpack.number_params:
+        return False
+    assigned: dict[str, Assign] = {}
+    for statement in body.body:
+        if isinstance(statement, Comment):
+            continue
+        if not isinstance(statement, Assign) or not statement.target.isidentifier():
+            return False
+        assigned[statement.target] = statement
+
+    def cost(text: str, seen: set[str]) -> int:
+        tree = ast.parse(text, mode="eval")
+        total = _count_expression(text, frozenset()).kernels
+        for name in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
+            if name in assigned and name not in seen:
+                seen.add(name)
+                total += cost(assigned[name].value, seen)
+        return total
+
+    return all(cost(value, set()) <= 1 for value in body.values)
+
+
 def calls(body: Method) -> set[str]:
     """The functions ``body`` calls, by their dotted names."""
     found: set[str] = set()

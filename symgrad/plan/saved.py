@@ -86,8 +86,24 @@ class Saving:
             for s in kept
         }
 
+    def whole(self, saved: list[sympy.Symbol]) -> str | None:
+        """``*inputs`` or ``output`` where ``saved`` is exactly that and nothing else needs
+        their names (no number params, shapes or marked outputs); else None."""
+        b = self.b
+        plain = not self.saved_params() and not b.broadcasts and all(b.live) and not b.p.spec.fast
+        if not plain or any(out.reduction for out in b.outputs):
+            return None
+        if saved == list(b.inputs):
+            return "*inputs"
+        if b.n_out == 1 and saved == list(b.names.results):
+            return "output"
+        return None
+
     def setup_context(self, saved: list[sympy.Symbol]) -> Method:
         b = self.b
+        whole = self.whole(saved)
+        if whole is not None and not b.speed:
+            return Method(("ctx", "inputs", "output"), (Line(f"ctx.save_for_backward({whole})"),))
         body: list[Statement] = []
         uses_inputs = (
             any(s in b.inputs for s in saved) or self.saved_params() or b.broadcasts
@@ -167,6 +183,9 @@ class Saving:
 
     def setup_forward_ad(self, saved: list[sympy.Symbol]) -> tuple[str, ...]:
         b = self.b
+        whole = self.whole(saved)
+        if whole is not None and b.single_tangent():
+            return (f"ctx.save_for_forward({whole})",)
         body = self.save_lines("save_for_forward", saved)
         results = [b.name(r) for r in b.names.results]
         # With several tangents, an output none of the given ones reaches gets a zero tangent

@@ -14,9 +14,8 @@ from .ir import Assign, Comment, CreateGraphBranch, If, Line, Method, Return, Se
 from .names import derivative_class
 
 _SECOND_DERIVATIVE_COMMENT = (
-    "create_graph=True: autograd's derivative of the formula would be nan or inexact",
-    "somewhere the math is finite, so the derivative comes from a Function whose",
-    "backward is the exact second derivative.",
+    "Double backward: the derivative's own Function, whose backward is exact (autograd's",
+    "derivative of the formula is nan or inexact somewhere the math is finite).",
 )
 
 
