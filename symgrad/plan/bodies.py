@@ -284,15 +284,17 @@ class Builder:
                 branch = [Comment("First order: ATen's backward kernel, fewer passes over memory."), Assign(grad, *kernel)]
             elif kernel is not None:
                 branch = [_first_order_branch(grad, kernel, branch, sech_as_sigmoids=j in rewritten)]
-            if condition is None and len(branch) == 1 and isinstance(branch[0], Assign) and branch[0].target == grad:
-                # (returned as it is computed)
-                return Method(
-                    ("ctx",) + self.names.grad_outputs,
-                    tuple(body),
-                    (branch[0].value,),
-                    unpack=unpack,
-                    value_helpers=branch[0].helpers,
-                )
+            last = branch[-1]
+            if condition is None and isinstance(last, Assign) and last.target == grad:
+                if all(isinstance(s, Comment) for s in branch[:-1]):
+                    # (returned as it is computed)
+                    return Method(
+                        ("ctx",) + self.names.grad_outputs,
+                        (*body, *branch[:-1]),
+                        (last.value,),
+                        unpack=unpack,
+                        value_helpers=last.helpers,
+                    )
             body += branch if condition is None else [If(condition, tuple(branch))]
         grads += ["None"] * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(body), tuple(grads), unpack=unpack)

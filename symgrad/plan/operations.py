@@ -91,11 +91,21 @@ def _count_expression(text: str, scalars: frozenset[str]) -> Count:
         if isinstance(n, (ast.BinOp, ast.Compare)) and not is_scalar(n)
         or isinstance(n, ast.UnaryOp) and not is_scalar(n.operand)
     ]  # (-1 in grad_output * -1 is a constant, not an operation)
-    calls = [n for n in nodes if isinstance(n, ast.Call) and not _is_method_call(n, "expand", "numel")]
+    calls = [
+        n
+        for n in nodes
+        if isinstance(n, ast.Call) and not _is_method_call(n, "expand", "numel") and not _is_dtype_guard(n)
+    ]
     identity = sum(
         1 for n in nodes if isinstance(n, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in n.ops)
     )
     return Count(len(operators), len(calls), identity)
+
+
+def _is_dtype_guard(node: ast.Call) -> bool:
+    """Whether ``node`` calls the helper ``_floating``, which gives a floating tensor back as
+    it is (an integer one as the default dtype): no kernel where it matters."""
+    return isinstance(node.func, ast.Name) and node.func.id == "_floating"
 
 
 def _is_method_call(node: ast.Call, *methods: str) -> bool:

@@ -223,6 +223,12 @@ class SecondDerivatives:
         # a number param as a tensor there.
         left_out = [expr for entry, expr in zip(entries, exprs) if entry not in symbols]
         body += b.tensorize(left_out, b.reference)
+        if b.single_tangent() and not b.p.spec.fast and len(entries) == 1:
+            # (One input: backward runs only when it needs its gradient.)
+            ((i, _),) = entries
+            term = b.backward_term(i, symbols.get(entries[0], exprs[0]))
+            body.append(Return((term,)))
+            return CreateGraphBranch(tuple(body))
         for j, symbol in enumerate(b.inputs):
             grad = b.names.grads[j]
             body.append(Assign(grad, "None"))
