@@ -49,7 +49,9 @@ def make_plan(derivation: Derivation) -> Plan:
     return plan
 
 
-def _rows(derivation: Derivation, names: Names, avoid_results: bool = False) -> tuple[tuple[sympy.Expr, ...], ...] | None:
+def _rows(
+    derivation: Derivation, names: Names, avoid_results: bool = False
+) -> tuple[tuple[sympy.Expr, ...], ...] | None:
     """The gradient rows backward prints (choose_saved_forms), with the derivatives forward
     returned in place of theirs; None where ``avoid_results`` and every choice that saves no
     output saves more tensors."""

@@ -152,7 +152,9 @@ class Builder:
 
     def gradient_entries(self) -> list[tuple[int, int]]:
         """(output i, input j) of each gradient that is not zero."""
-        return [(i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0]
+        return [
+            (i, j) for i in range(self.n_out) for j in range(len(self.inputs)) if self.live[i] and self.rows[i][j] != 0
+        ]
 
     # -- buffer reuse -----------------------------------------------------------------
     def eager(self, method: Method, differentiating: bool = False, gradients: tuple[str, ...] = ()) -> Method:
@@ -281,7 +283,10 @@ class Builder:
             branch.append(Assign(grad, " + ".join(texts), self.helpers(*(e for _, e in terms))))
             kernel = kernels[j]
             if kernel is not None and create_graph:
-                branch = [Comment("First order: ATen's backward kernel, fewer passes over memory."), Assign(grad, *kernel)]
+                branch = [
+                    Comment("First order: ATen's backward kernel, fewer passes over memory."),
+                    Assign(grad, *kernel),
+                ]
             elif kernel is not None:
                 branch = [_first_order_branch(grad, kernel, branch, sech_as_sigmoids=j in rewritten)]
             last = branch[-1]
@@ -340,7 +345,9 @@ class Builder:
             entries = [j for j in range(len(self.inputs)) if self.rows[m][j] != 0]
             branch = []
             if m == second[0]:
-                branch.append(Comment("Double backward: the derivative is an output too, so it is differentiated again."))
+                branch.append(
+                    Comment("Double backward: the derivative is an output too, so it is differentiated again.")
+                )
             exprs = [self.rows[m][j] for j in entries]
             temps, reduced = self.cse(exprs)
             branch += [self.assign(t, e) for t, e in temps]
@@ -423,7 +430,11 @@ class Builder:
                 returns.append("None")
                 continue
             terms = [
-                (j, self.jvp_term(j, expr, self.saving.shape_attr(i) if expr.free_symbols & surrogate_only else None), expr)
+                (
+                    j,
+                    self.jvp_term(j, expr, self.saving.shape_attr(i) if expr.free_symbols & surrogate_only else None),
+                    expr,
+                )
                 for (ii, j), expr in zip(entries, reduced)
                 if ii == i
             ]

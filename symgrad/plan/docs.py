@@ -9,7 +9,6 @@ import sympy
 
 from ..derive import IDENTITIES
 
-
 # ``__symgrad__``'s keys that a module leaves out at these values (Docs.metadata).
 _DEFAULTS = {
     "params": {},
@@ -59,7 +58,11 @@ class Docs:
                 gradient = sympy.sstr((self.b.d.documented_gradients or self.b.d.gradients)[i][j])
                 marker = "  (surrogate: not the true derivative)" if self.b.d.surrogate[j] else ""
                 inner = "the elementwise part of " if self.b.outputs[i].reduction else ""
-                lines.append(f"d{name}/d{symbol.name} = {gradient}{marker}" if not inner else f"d({inner}{name})/d{symbol.name} = {gradient}")
+                lines.append(
+                    f"d{name}/d{symbol.name} = {gradient}{marker}"
+                    if not inner
+                    else f"d({inner}{name})/d{symbol.name} = {gradient}"
+                )
         identities = sorted(set(self.b.d.identities) | self.b.second_identities)
         if identities:
             lines.append("")
@@ -161,7 +164,10 @@ class Docs:
             "domain": domain,
             "outputs": [out.reduction or "elementwise" for out in self.b.outputs[: self.b.n_user]],
             "nondifferentiable": [i for i, live in enumerate(self.b.live[: self.b.n_user]) if not live],
-            "surrogate": {s.name: text for s, text in zip([s for s, _ in self.b.p.surrogates], [t for _, t in self.b.p.spec.grads])},
+            "surrogate": {
+                s.name: text
+                for s, text in zip([s for s, _ in self.b.p.surrogates], [t for _, t in self.b.p.spec.grads])
+            },
             "inplace": self.b.p.spec.inplace,
             "save": self.b.p.spec.save,
             "saved": [self.b.name(s) for s in self.b.saving.saved()],

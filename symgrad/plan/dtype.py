@@ -152,7 +152,9 @@ def _in_formulas(statements: Sequence[Statement], widen: Widen) -> list[Statemen
             statement = FirstOrderBranch(statement.kernel, _after_comments(statement.formula, widen))
         elif isinstance(statement, If):
             statement = dataclasses.replace(
-                statement, body=tuple(_in_formulas(statement.body, widen)), orelse=tuple(_in_formulas(statement.orelse, widen))
+                statement,
+                body=tuple(_in_formulas(statement.body, widen)),
+                orelse=tuple(_in_formulas(statement.orelse, widen)),
             )
         result.append(statement)
     return result

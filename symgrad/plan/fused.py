@@ -147,7 +147,9 @@ class FusedBodies:
         return FusedParts(plan, forward_call, backward_call, jvp_call)
 
 
-def fused_description(bodies: list[tuple[str, str, str | None]], speed_backward: bool, eager_work: str) -> tuple[str, ...]:
+def fused_description(
+    bodies: list[tuple[str, str, str | None]], speed_backward: bool, eager_work: str
+) -> tuple[str, ...]:
     """The fused module's docstring paragraph: which bodies run compiled, which eagerly, and why.
 
     ``bodies`` holds (kind, function name, why it runs eagerly or None) for forward, backward
@@ -189,7 +191,10 @@ def fused_description(bodies: list[tuple[str, str, str | None]], speed_backward:
                 if set(called) & set(INDUCTOR_INACCURATE)
                 else " inductor compiles its kernel a few ulps less accurately than ATen's."
             )
-            text.append(f"{listed(eager)} call{'s' if one else ''} {reason}, so {'it runs' if one else 'they run'} eagerly:" + why)
+            text.append(
+                f"{listed(eager)} call{'s' if one else ''} {reason}, so {'it runs' if one else 'they run'} eagerly:"
+                + why
+            )
     if speed_backward:
         text.append(
             "Backward only multiplies by the derivatives forward returned, so it runs eagerly:"

@@ -23,7 +23,9 @@ class Count:
     identity_tests: int = 0
 
     def __add__(self, other: "Count") -> "Count":
-        return Count(self.operators + other.operators, self.calls + other.calls, self.identity_tests + other.identity_tests)
+        return Count(
+            self.operators + other.operators, self.calls + other.calls, self.identity_tests + other.identity_tests
+        )
 
     @property
     def operations(self) -> int:
@@ -88,8 +90,10 @@ def _count_expression(text: str, scalars: frozenset[str]) -> Count:
     operators = [
         n
         for n in nodes
-        if isinstance(n, (ast.BinOp, ast.Compare)) and not is_scalar(n)
-        or isinstance(n, ast.UnaryOp) and not is_scalar(n.operand)
+        if isinstance(n, (ast.BinOp, ast.Compare))
+        and not is_scalar(n)
+        or isinstance(n, ast.UnaryOp)
+        and not is_scalar(n.operand)
     ]  # (-1 in grad_output * -1 is a constant, not an operation)
     calls = [
         n

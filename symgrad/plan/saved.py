@@ -106,13 +106,17 @@ class Saving:
             return Method(("ctx", "inputs", "output"), (Line(f"ctx.save_for_backward({whole})"),))
         body: list[Statement] = []
         uses_inputs = (
-            any(s in b.inputs for s in saved) or self.saved_params() or b.broadcasts
+            any(s in b.inputs for s in saved)
+            or self.saved_params()
+            or b.broadcasts
             or any(out.reduction and live for out, live in zip(b.outputs, b.live))
         )
         if uses_inputs:
             body.append(Assign(unpack_target(b.forward_params()), "inputs"))
         results = [b.name(r) for r in b.names.results]
-        elementwise_shapes = b.broadcasts and any(out.reduction is None and live for out, live in zip(b.outputs, b.live))
+        elementwise_shapes = b.broadcasts and any(
+            out.reduction is None and live for out, live in zip(b.outputs, b.live)
+        )
         if any(r in saved for r in b.names.results) or not all(b.live) or elementwise_shapes:
             body.append(Assign(unpack_target(results) if b.n_out > 1 else results[0], "output"))
         dead = [results[i] for i, live in enumerate(b.live) if not live]
@@ -172,7 +176,9 @@ class Saving:
             body.append(Line(f"ctx.{method}({', '.join(tensors)})"))
         return body
 
-    def unpack_saved(self, saved: Sequence[sympy.Symbol], params: Sequence[sympy.Symbol] | None = None) -> Unpack | None:
+    def unpack_saved(
+        self, saved: Sequence[sympy.Symbol], params: Sequence[sympy.Symbol] | None = None
+    ) -> Unpack | None:
         """Unpacking ctx.saved_tensors: ``saved``, then the params (default: saved_params), a
         number param from its ctx attribute."""
         params = self.saved_params() if params is None else params

@@ -178,14 +178,21 @@ class SecondDerivatives:
         for k, gradient in enumerate(gradients):
             moving = [j for j in range(len(symbols)) if hessian[k][j] != 0]
             needed = [s for s in symbols + params if s in gradient.free_symbols]
-            shape = ", ".join(f"{b.name(s)}.shape" if s in symbols else f"getattr({b.name(s)}, 'shape', ())" for s in needed)
+            shape = ", ".join(
+                f"{b.name(s)}.shape" if s in symbols else f"getattr({b.name(s)}, 'shape', ())" for s in needed
+            )
             if not several:
                 pushed.append(product(tangents[0], k, 0))
                 continue
             name = b.names.namer.claim(f"{derivatives[k]}_tangent")
-            statements += _calling(sum_of_present(name, [(tangents[j], product(tangents[j], k, j)) for j in moving], term), helpers)
+            statements += _calling(
+                sum_of_present(name, [(tangents[j], product(tangents[j], k, j)) for j in moving], term), helpers
+            )
             statements += [
-                If(f"{name} is None", (Assign(name, f"torch.zeros((), dtype=ctx.dtypes[{k}], device={inputs[0]}.device)"),)),
+                If(
+                    f"{name} is None",
+                    (Assign(name, f"torch.zeros((), dtype=ctx.dtypes[{k}], device={inputs[0]}.device)"),),
+                ),
                 # A term may not have the derivative's shape: it varies with another input
                 # piecewise-constantly (sign(y)), or that input's tangent was None.
                 Assign(name, f"{name}.expand(torch.broadcast_shapes({shape}))"),
