@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 # bench.py sits next to this script: its allocator setting, inputs and timed step.
-from bench import keep_freed_buffers, make_inputs, step
+from bench import keep_freed_buffers, make_inputs, module_metadata, step
 
 
 def _load(path: Path, prefix: str):
@@ -76,12 +76,12 @@ def main() -> int:
         if path.name == "__init__.py" or not other.exists():
             continue
         old, new = _load(path, "old"), _load(other, "new")
-        if old.__symgrad__["inplace"]:
+        if module_metadata(old)["inplace"]:
             print(f"{path.stem:16s} skipped: --inplace writes its input, which a leaf tensor refuses")
             continue
-        params = list(old.__symgrad__["params"].values())
+        params = list(module_metadata(old)["params"].values())
         functions = {
-            label: (lambda *xs, f=getattr(m, m.__symgrad__["alias"]): f(*xs, *params))
+            label: (lambda *xs, f=getattr(m, module_metadata(m)["alias"]): f(*xs, *params))
             for label, m in (("old", old), ("new", new))
         }
         inputs = make_inputs(torch, old, n, "cpu")

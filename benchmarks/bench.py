@@ -64,6 +64,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+def module_metadata(module) -> dict:
+    """The module's ``__symgrad__`` with every key (symgrad imported only when needed)."""
+    from symgrad.plan.docs import metadata_of
+
+    return metadata_of(module)
+
+
 ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "100000000000"}
 
 
@@ -131,7 +138,7 @@ def baseline(torch, module):
     """The hand-written torch function for ``module``'s expression (BASELINES)."""
     import torch.nn.functional as F
 
-    meta = module.__symgrad__
+    meta = module_metadata(module)
     source = f"lambda {', '.join(meta['inputs'])}: {BASELINES[meta['function']]}"
     code = compile(source, f"<baseline {meta['function']}>", "eval")  # (named in tracebacks)
     return eval(code, {"torch": torch, "F": F, "math": math})  # noqa: S307 (our own table)
@@ -198,7 +205,7 @@ def main() -> int:
     floors = {}
     for name, pair in modules.items():
         try:
-            floors[name] = saved_floor_tensors(pair["symgrad"].__symgrad__)
+            floors[name] = saved_floor_tensors(module_metadata(pair["symgrad"]))
         except Exception as exc:  # report, keep the row's timings
             print(f"{name}: no saved-bytes floor: {type(exc).__name__}: {exc}", flush=True)
 
@@ -270,7 +277,7 @@ def generate(package_dir: Path, package: str, name: str, expr: str, inputs, doma
 
 
 def make_inputs(torch, module, n: int, device):
-    meta = module.__symgrad__
+    meta = module_metadata(module)
     generator = torch.Generator().manual_seed(0)
     xs = []
     for symbol in meta["inputs"]:
@@ -303,7 +310,7 @@ def variants(torch, pair):
     torch._dynamo.reset()
     fns = {"eager": eager_forward, "compile": torch.compile(eager_forward)}
     for variant in VARIANTS[2:]:
-        fns[variant] = getattr(pair[variant], pair[variant].__symgrad__["alias"])
+        fns[variant] = getattr(pair[variant], module_metadata(pair[variant])["alias"])
     return fns
 
 
@@ -409,7 +416,7 @@ def kernel_count(torch, fn, xs, upstream) -> int:
 
 def floor_bytes(module, n: int) -> int:
     """fwd+bwd traffic no implementation avoids (float32), from the minimal plan."""
-    meta = module.__symgrad__
+    meta = module_metadata(module)
     elementwise_outputs = sum(1 for o in meta["outputs"] if o == "elementwise")
     inputs = len(meta["inputs"])
     saved = len(meta["saved"])

@@ -3,23 +3,13 @@
 #     symgrad 'alpha*x*y + log(1 + y**2)*exp(-x)' --name Blend --params alpha
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "alpha*x*y + log(1 + y**2)*exp(-x)", "name": "Blend", "params": ["alpha"]}
-# symgrad-sha256: e1eec6fb7f122d676ef3f0453443387ca7753e41bc8b2fb400764e0b252a3eec
+# symgrad-sha256: 5a09392c5a6c534a2f47e402aaefbfb082bf8d415ff0be9732137890820ea8d2
 """Blend: a torch.autograd.Function.
 
 f(x, y, alpha) = alpha*x*y + exp(-x)*log(y**2 + 1)
 
 df/dx = alpha*y - exp(-x)*log1p(y**2)
 df/dy = alpha*x + 2*y*exp(-x)/(y**2 + 1)
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
-
-A sum's product and quotient terms are added by one kernel each:
-    a.addcmul(l, r, value=c) = a + c*l*r
-    a.addcdiv(l, r, value=c) = a + c*l/r
-    a.add(r, alpha=c) = a + c*r
 
 Call `blend(x, y, alpha)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -35,16 +25,9 @@ __all__ = ["Blend", "blend"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "alpha*x*y + log(1 + y**2)*exp(-x)",
-    "function": "Blend",
-    "alias": "blend",
     "inputs": ["x", "y"],
     "params": {"alpha": 0.708},
     "domain": {"x": (-3.0, 3.0), "y": (-3.0, 3.0), "alpha": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x", "y"],
 }
 
@@ -95,11 +78,7 @@ class _BlendDerivative(torch.autograd.Function):
         x, y, alpha, half = _float32_for_half(x, y, alpha)
         t0 = torch.exp(-x)
         t1 = y**2
-        return _round_to(
-            half,
-            (alpha * y).addcmul(t0, torch.log1p(t1), value=-1),
-            alpha * x + ((2 * t0 * y).div_(1 + t1)),
-        )
+        return _round_to(half, alpha * y - t0 * torch.log1p(t1), alpha * x + 2 * t0 * y / (1 + t1))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -115,7 +94,7 @@ class _BlendDerivative(torch.autograd.Function):
         x, y, alpha = ctx.saved_tensors
         if alpha is None:
             alpha = ctx.alpha_number
-        grad_dresult_dx, grad_dresult_dy, x, y, alpha, half = _float32_for_half(
+        grad_dresult_dx, grad_dresult_dy, x, y, alpha, _ = _float32_for_half(
             grad_dresult_dx, grad_dresult_dy, x, y, alpha
         )
         t2 = torch.exp(-x)
@@ -190,9 +169,7 @@ class _BlendNoJvp(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         # Saved for backward: x (the gradient depends on it); y (the gradient depends on it);
-        # alpha (a param the gradient uses). That is 2 tensors: at most 8 bytes per element of
-        # the output in float32. No forward intermediate is saved, so double backward stays
-        # exact.
+        # alpha (a param the gradient uses).
         x, y, alpha = inputs
         result = output
         ctx.x_shape = x.shape
@@ -207,10 +184,9 @@ class _BlendNoJvp(torch.autograd.Function):
         if alpha is None:
             alpha = ctx.alpha_number
         if torch.is_grad_enabled():
-            # create_graph=True: autograd's derivative of the formula would be nan or inexact
-            # somewhere the math is finite, so the derivative comes from a Function whose
-            # backward is the exact second derivative.
-            grad_output, x, y, alpha, half = _float32_for_half(grad_output, x, y, alpha)
+            # Double backward: the derivative's own Function, whose backward is exact (autograd's
+            # derivative of the formula is nan or inexact somewhere the math is finite).
+            grad_output, x, y, alpha, _ = _float32_for_half(grad_output, x, y, alpha)
             dresult_dx, dresult_dy = _BlendDerivative.apply(x, y, alpha)
             grad_x = None
             if ctx.needs_input_grad[0]:
@@ -219,19 +195,15 @@ class _BlendNoJvp(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 grad_y = (grad_output * dresult_dy).sum_to_size(ctx.y_shape)
             return grad_x, grad_y, None
-        grad_output, x, y, alpha, half = _float32_for_half(grad_output, x, y, alpha)
+        grad_output, x, y, alpha, _ = _float32_for_half(grad_output, x, y, alpha)
         t12 = torch.exp(-x)
         t13 = y**2
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = (
-                grad_output * ((alpha * y).addcmul(t12, torch.log1p(t13), value=-1))
-            ).sum_to_size(ctx.x_shape)
+            grad_x = (grad_output * (alpha * y - t12 * torch.log1p(t13))).sum_to_size(ctx.x_shape)
         grad_y = None
         if ctx.needs_input_grad[1]:
-            grad_y = (grad_output * (alpha * x + ((2 * t12 * y).div_(1 + t13)))).sum_to_size(
-                ctx.y_shape
-            )
+            grad_y = (grad_output * (alpha * x + 2 * t12 * y / (1 + t13))).sum_to_size(ctx.y_shape)
         return grad_x, grad_y, None
 
 

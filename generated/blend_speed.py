@@ -3,18 +3,13 @@
 #     symgrad 'alpha*x*y + log(1 + y**2)*exp(-x)' --name BlendSpeed --params alpha --save speed
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "alpha*x*y + log(1 + y**2)*exp(-x)", "name": "BlendSpeed", "params": ["alpha"], "save": "speed"}
-# symgrad-sha256: 2e5bd2a5a2ec3b2885b9c6e5d5ad5b876a65bb3b955d455a0813bde38a46accf
+# symgrad-sha256: eaa25cceb4161e6345cbc76edc4f4313f9a182d3dd74fe0be0339b3dfb072b52
 """BlendSpeed: a torch.autograd.Function.
 
 f(x, y, alpha) = alpha*x*y + exp(-x)*log(y**2 + 1)
 
 df/dx = alpha*y - exp(-x)*log1p(y**2)
 df/dy = alpha*x + 2*y*exp(-x)/(y**2 + 1)
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
 
 --save speed: forward also computes dresult_dx, dresult_dy, sharing work with the
 output, so `BlendSpeed.apply` returns 3 tensors and the alias returns the first 1.
@@ -36,15 +31,9 @@ __all__ = ["BlendSpeed", "blend_speed"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "alpha*x*y + log(1 + y**2)*exp(-x)",
-    "function": "BlendSpeed",
-    "alias": "blend_speed",
     "inputs": ["x", "y"],
     "params": {"alpha": 0.708},
     "domain": {"x": (-3.0, 3.0), "y": (-3.0, 3.0), "alpha": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
     "save": "speed",
     "saved": ["x", "y", "dresult_dx", "dresult_dy"],
 }
@@ -97,11 +86,8 @@ class _BlendSpeedNoJvp(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         # Saved for backward: x (the gradient depends on it); y (the gradient depends on it);
-        # dresult_dx (a derivative forward returned, so backward only multiplies by it);
-        # dresult_dy (a derivative forward returned, so backward only multiplies by it); alpha
-        # (a param the gradient uses). That is 4 tensors: at most 16 bytes per element of the
-        # output in float32. The derivatives are outputs, not hidden intermediates, so double
-        # backward differentiates them exactly.
+        # dresult_dx (a derivative forward returned); dresult_dy (a derivative forward
+        # returned); alpha (a param the gradient uses).
         x, y, alpha = inputs
         result, dresult_dx, dresult_dy = output
         ctx.x_shape = x.shape
@@ -121,7 +107,7 @@ class _BlendSpeedNoJvp(torch.autograd.Function):
         x, y, dresult_dx, dresult_dy, alpha = ctx.saved_tensors
         if alpha is None:
             alpha = ctx.alpha_number
-        grad_output, x, y, alpha, half = _float32_for_half(grad_output, x, y, alpha)
+        grad_output, x, y, alpha, _ = _float32_for_half(grad_output, x, y, alpha)
         grad_x = grad_y = None
         if grad_output is not None:
             if ctx.needs_input_grad[0]:
@@ -136,9 +122,7 @@ class _BlendSpeedNoJvp(torch.autograd.Function):
                 term = (grad_dresult_dx * t4 * torch.log1p(t5)).sum_to_size(ctx.x_shape)
                 grad_x = term if grad_x is None else grad_x + term
             if ctx.needs_input_grad[1]:
-                term = (grad_dresult_dx * (alpha - ((2 * t4 * y).div_(1 + t5)))).sum_to_size(
-                    ctx.y_shape
-                )
+                term = (grad_dresult_dx * (alpha - 2 * t4 * y / (1 + t5))).sum_to_size(ctx.y_shape)
                 grad_y = term if grad_y is None else grad_y + term
         if grad_dresult_dy is not None:
             t6 = y**2
@@ -158,18 +142,6 @@ class BlendSpeed(_BlendSpeedNoJvp):
 
     Call it as `blend_speed(...)` (or `BlendSpeed.apply(...)` outside torch.compile).
     """
-
-    @staticmethod
-    def forward(x, y, alpha):
-        # The same values in fewer kernels, reusing temporaries' buffers: faster in eager mode.
-        # (The torch.compile twin above runs out of place: inductor plans its own buffers,
-        # and Dynamo in torch 2.11 gave zero gradients here, pytorch/pytorch#180642.)
-        x, y, alpha, half = _float32_for_half(x, y, alpha)
-        t0 = alpha * y
-        t1 = torch.exp(-x)
-        t2 = y**2
-        t3 = t1 * torch.log1p(t2)
-        return _round_to(half, t3 + t0 * x), t0 - t3, alpha * x + ((2 * t1 * y).div_(1 + t2))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -233,7 +205,6 @@ class BlendSpeed(_BlendSpeedNoJvp):
 # rebuilds that signature on every call unless the function carries one. Set once here, it
 # saves about 25 us a call (torch 2.13): 4-17% of a forward plus backward on a small tensor.
 _BlendSpeedNoJvp.forward.__signature__ = inspect.signature(_BlendSpeedNoJvp.forward)
-BlendSpeed.forward.__signature__ = inspect.signature(BlendSpeed.forward)
 
 
 def _blend_speed_value(x, y, alpha):

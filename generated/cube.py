@@ -3,7 +3,7 @@
 #     symgrad 'x**3' --name Cube
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "x**3", "name": "Cube"}
-# symgrad-sha256: a99411ff0172b578f5e2de9ed6c29b0734c3a35abd137ed291d484bd91f21d38
+# symgrad-sha256: c84adf338a0b5036528620154498c41d73df28b94cb5536e97342ca7fccd3911
 """Cube: a torch.autograd.Function.
 
 f(x) = x**3
@@ -22,20 +22,7 @@ import torch
 __all__ = ["Cube", "cube"]
 
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
-__symgrad__ = {
-    "expr": "x**3",
-    "function": "Cube",
-    "alias": "cube",
-    "inputs": ["x"],
-    "params": {},
-    "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
-    "saved": ["x"],
-}
+__symgrad__ = {"expr": "x**3", "inputs": ["x"], "domain": {"x": (-3.0, 3.0)}, "saved": ["x"]}
 
 
 def _float32_for_half(*values, also=()):
@@ -79,20 +66,14 @@ class _CubeNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * 3 * x**2
-        return grad_x
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        return grad_output * 3 * x**2
 
 
 class Cube(_CubeNoJvp):
@@ -104,15 +85,13 @@ class Cube(_CubeNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _CubeNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
-        result_tangent = x_tangent * 3 * x**2
-        return _round_to(half, result_tangent)
+        return _round_to(half, x_tangent * 3 * x**2)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

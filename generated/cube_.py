@@ -3,7 +3,7 @@
 #     symgrad 'x**3' --name Cube_ --inplace
 # symgrad-templates: 384cf1deb5530172
 # symgrad-spec: {"expr": "x**3", "inplace": true, "name": "Cube_"}
-# symgrad-sha256: 089d3ca08bd55f970a08296dc2ac30da13d21b4deb97ac02d203e0c016bec24e
+# symgrad-sha256: 994b0ca2ce821aec5b27ab67e876ede1edfad537585049e9e1378ea3e6d7fc33
 """Cube_: an in-place torch.autograd.Function.
 
 f(x) = x**3
@@ -25,16 +25,9 @@ __all__ = ["Cube_", "cube_"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "x**3",
-    "function": "Cube_",
-    "alias": "cube_",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
     "inplace": True,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -63,9 +56,8 @@ class Cube_(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        # Saved for backward: x (a copy of the input from before it is overwritten). That is 1
-        # tensor: 4 bytes per element of the output in float32. The copy is not part of the
-        # graph, so double backward is refused.
+        # Saved for backward: x (a copy of the input from before it is overwritten). The copy is
+        # not part of the graph, so double backward is refused.
         result = x**3
         x_before = x.clone()
         _overwrite(x, result)
@@ -83,10 +75,7 @@ class Cube_(torch.autograd.Function):
                 " double backward (create_graph=True) is not supported; use the out-of-place variant"
             )
         (x,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * 3 * x**2
-        return grad_x
+        return grad_output * 3 * x**2
 
 
 def cube_(x):

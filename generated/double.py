@@ -3,7 +3,7 @@
 #     symgrad '2*x' --name Double
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "2*x", "name": "Double"}
-# symgrad-sha256: 6cff23e2642cc0d62e348c6a3e1c1e398addea676626845fba04169406e61407
+# symgrad-sha256: 43321088a0486830918bb0d4e6926ef927a3309b96baff97b9b0f67313a608c8
 """Double: a torch.autograd.Function.
 
 f(x) = 2*x
@@ -22,20 +22,7 @@ import torch
 __all__ = ["Double", "double"]
 
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
-__symgrad__ = {
-    "expr": "2*x",
-    "function": "Double",
-    "alias": "double",
-    "inputs": ["x"],
-    "params": {},
-    "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
-    "saved": [],
-}
+__symgrad__ = {"expr": "2*x", "inputs": ["x"], "domain": {"x": (-3.0, 3.0)}, "saved": []}
 
 
 class _DoubleNoJvp(torch.autograd.Function):
@@ -54,10 +41,7 @@ class _DoubleNoJvp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * 2
-        return grad_x
+        return grad_output * 2
 
 
 class Double(_DoubleNoJvp):
@@ -68,8 +52,7 @@ class Double(_DoubleNoJvp):
 
     @staticmethod
     def jvp(ctx, x_tangent):
-        result_tangent = x_tangent * 2
-        return result_tangent
+        return x_tangent * 2
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,7 +3,7 @@
 #     symgrad 'exp(x)' --name Exp
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "exp(x)", "name": "Exp"}
-# symgrad-sha256: ea76affb0134520132d8c944fd139c0d2b0045b2bf8ca7124cd866b6f317c1ff
+# symgrad-sha256: fce1c3b8223853e8f42b02e850a29238a1b57fe36b95131d60699198731dc298
 """Exp: a torch.autograd.Function.
 
 f(x) = exp(x)
@@ -22,20 +22,7 @@ import torch
 __all__ = ["Exp", "exp"]
 
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
-__symgrad__ = {
-    "expr": "exp(x)",
-    "function": "Exp",
-    "alias": "exp",
-    "inputs": ["x"],
-    "params": {},
-    "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
-    "saved": ["result"],
-}
+__symgrad__ = {"expr": "exp(x)", "inputs": ["x"], "domain": {"x": (-3.0, 3.0)}, "saved": ["result"]}
 
 
 class _ExpNoJvp(torch.autograd.Function):
@@ -49,19 +36,13 @@ class _ExpNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: result (the output: the gradient is written in terms of it, so
-        # backward recomputes nothing). That is 1 tensor: 4 bytes per element of the output in
-        # float32. No forward intermediate is saved, so double backward stays exact.
-        result = output
-        ctx.save_for_backward(result)
+        # Saved for backward: result (the output, in which the gradient is written).
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad_output):
         (result,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * result
-        return grad_x
+        return grad_output * result
 
 
 class Exp(_ExpNoJvp):
@@ -73,14 +54,12 @@ class Exp(_ExpNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _ExpNoJvp.setup_context(ctx, inputs, output)
-        result = output
-        ctx.save_for_forward(result)
+        ctx.save_for_forward(output)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (result,) = ctx.saved_tensors
-        result_tangent = x_tangent * result
-        return result_tangent
+        return x_tangent * result
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

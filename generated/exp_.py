@@ -3,7 +3,7 @@
 #     symgrad 'exp(x)' --name Exp_ --inplace
 # symgrad-templates: 384cf1deb5530172
 # symgrad-spec: {"expr": "exp(x)", "inplace": true, "name": "Exp_"}
-# symgrad-sha256: 1f610727b4219078d102de818bc583967a3e03cc3c450300c9f0e68e70089a02
+# symgrad-sha256: 41b987100098a7b1f7f18ec07f62e026c6e69c4086c7d23e9c9197ba4bf3563d
 """Exp_: an in-place torch.autograd.Function.
 
 f(x) = exp(x)
@@ -22,16 +22,9 @@ __all__ = ["Exp_", "exp_"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "exp(x)",
-    "function": "Exp_",
-    "alias": "exp_",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
     "inplace": True,
-    "save": "memory",
     "saved": ["result"],
 }
 
@@ -60,9 +53,7 @@ class Exp_(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        # Saved for backward: result (the output: the gradient is written in terms of it, so
-        # backward recomputes nothing). That is 1 tensor: 4 bytes per element of the output in
-        # float32. No forward intermediate is saved, so double backward stays exact.
+        # Saved for backward: result (the output, in which the gradient is written).
         result = torch.exp(x)
         _overwrite(x, result)
         ctx.mark_dirty(x)
@@ -72,10 +63,7 @@ class Exp_(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         (result,) = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * result
-        return grad_x
+        return grad_output * result
 
 
 def exp_(x):

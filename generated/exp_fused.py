@@ -3,7 +3,7 @@
 #     symgrad 'exp(x)' --name ExpFused --fuse
 # symgrad-templates: 6433ed60c2f3900e
 # symgrad-spec: {"expr": "exp(x)", "fuse": true, "name": "ExpFused"}
-# symgrad-sha256: 313d0291f8c7221a8821bd0bd45663a7e3f9665821b1e1f0ae31b55c558d331d
+# symgrad-sha256: 39980e7717524a85fb962137ab7a423828eac5ed87d76cb1709d59e66d866be7
 """ExpFused: a fused torch.autograd.Function.
 
 f(x) = exp(x)
@@ -36,20 +36,7 @@ import torch
 __all__ = ["ExpFused", "exp_fused"]
 
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
-__symgrad__ = {
-    "expr": "exp(x)",
-    "function": "ExpFused",
-    "alias": "exp_fused",
-    "inputs": ["x"],
-    "params": {},
-    "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
-    "saved": ["result"],
-}
+__symgrad__ = {"expr": "exp(x)", "inputs": ["x"], "domain": {"x": (-3.0, 3.0)}, "saved": ["result"]}
 
 # Compiled versions of the pure functions below, made on first use.
 _COMPILED = {}
@@ -132,8 +119,7 @@ def _exp_fused_backward(grad_output, result, needs_input_grad):
 
 
 def _exp_fused_jvp(x_tangent, result):
-    result_tangent = x_tangent * result
-    return result_tangent
+    return x_tangent * result
 
 
 class _ExpFusedNoJvp(torch.autograd.Function):
@@ -147,11 +133,8 @@ class _ExpFusedNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: result (the output: the gradient is written in terms of it, so
-        # backward recomputes nothing). That is 1 tensor: 4 bytes per element of the output in
-        # float32. No forward intermediate is saved, so double backward stays exact.
-        result = output
-        ctx.save_for_backward(result)
+        # Saved for backward: result (the output, in which the gradient is written).
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -169,8 +152,7 @@ class ExpFused(_ExpFusedNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _ExpFusedNoJvp.setup_context(ctx, inputs, output)
-        result = output
-        ctx.save_for_forward(result)
+        ctx.save_for_forward(output)
 
     @staticmethod
     def jvp(ctx, x_tangent):

@@ -3,22 +3,12 @@
 #     symgrad 'x/2*(1+erf(x/sqrt(2)))' --name GELU
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "x/2*(1+erf(x/sqrt(2)))", "name": "GELU"}
-# symgrad-sha256: 423cd6ff92d9c46de2f5636813a7bc1822ecb59b5cbde21913c2ae7386e28de0
+# symgrad-sha256: 8bb0001532464bc0f5bb9d25fe8757473889f19ab423afe35cf88b0777216a64
 """GELU: a torch.autograd.Function.
 
 f(x) = x*(erf(sqrt(2)*x/2) + 1)/2
 
 df/dx = sqrt(2)*x*exp(-x**2/2)/(2*sqrt(pi)) + ndtr(x)
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
-
-A sum's product and quotient terms are added by one kernel each:
-    a.addcmul(l, r, value=c) = a + c*l*r
-    a.addcdiv(l, r, value=c) = a + c*l/r
-    a.add(r, alpha=c) = a + c*r
 
 Call `gelu(x)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -34,16 +24,8 @@ __all__ = ["GELU", "gelu"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "x/2*(1+erf(x/sqrt(2)))",
-    "function": "GELU",
-    "alias": "gelu",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -90,24 +72,17 @@ class _GELUNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * (
-                (0.3989422804014327 * x)
-                .mul_((x**2).mul_(-0.5).exp_())
-                .add_((-0.7071067811865476 * x).erfc_(), alpha=0.5)
-            )
-        return grad_x
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        return grad_output * (
+            0.3989422804014327 * x * torch.exp(-0.5 * x**2)
+            + (0.5 * torch.special.erfc(-0.7071067811865476 * x))
+        )
 
 
 class GELU(_GELUNoJvp):
@@ -117,36 +92,28 @@ class GELU(_GELUNoJvp):
     """
 
     @staticmethod
-    def forward(x):
-        # The same values in fewer kernels, reusing temporaries' buffers: faster in eager mode.
-        # (The torch.compile twin above runs out of place: inductor plans its own buffers,
-        # and Dynamo in torch 2.11 gave zero gradients here, pytorch/pytorch#180642.)
-        x, half = _float32_for_half(x)
-        return _round_to(half, (-0.7071067811865476 * x).erfc_().mul_(0.5).mul_(x))
-
-    @staticmethod
     def setup_context(ctx, inputs, output):
         _GELUNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
-        result_tangent = x_tangent * (
-            (0.3989422804014327 * x)
-            .mul_((x**2).mul_(-0.5).exp_())
-            .add_((-0.7071067811865476 * x).erfc_(), alpha=0.5)
+        return _round_to(
+            half,
+            x_tangent
+            * (
+                0.3989422804014327 * x * torch.exp(-0.5 * x**2)
+                + (0.5 * torch.special.erfc(-0.7071067811865476 * x))
+            ),
         )
-        return _round_to(half, result_tangent)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature
 # rebuilds that signature on every call unless the function carries one. Set once here, it
 # saves about 25 us a call (torch 2.13): 4-17% of a forward plus backward on a small tensor.
 _GELUNoJvp.forward.__signature__ = inspect.signature(_GELUNoJvp.forward)
-GELU.forward.__signature__ = inspect.signature(GELU.forward)
 
 
 def gelu(x):

@@ -3,7 +3,7 @@
 #     symgrad 'x/2*(1+erf(x/sqrt(2)))' --name GELUFusedSpeed --save speed --fuse
 # symgrad-templates: 6433ed60c2f3900e
 # symgrad-spec: {"expr": "x/2*(1+erf(x/sqrt(2)))", "fuse": true, "name": "GELUFusedSpeed", "save": "speed"}
-# symgrad-sha256: 84bca1a6ca6a3cecb98ad3afcb5dcc9436a36786472ace86209a1eeaae478618
+# symgrad-sha256: c7108d111cd0d8df33f6f197bab4fa49af6df2b5620c5fe07f263f728b8557bc
 """GELUFusedSpeed: a fused torch.autograd.Function.
 
 f(x) = x*(erf(sqrt(2)*x/2) + 1)/2
@@ -43,15 +43,8 @@ __all__ = ["GELUFusedSpeed", "gelu_fused_speed"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "x/2*(1+erf(x/sqrt(2)))",
-    "function": "GELUFusedSpeed",
-    "alias": "gelu_fused_speed",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
     "save": "speed",
     "saved": ["x", "dresult_dx"],
 }
@@ -181,9 +174,7 @@ class _GELUFusedSpeedNoJvp(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         # Saved for backward: x (the gradient depends on it); dresult_dx (a derivative forward
-        # returned, so backward only multiplies by it). That is 2 tensors: 8 bytes per element
-        # of the output in float32. The derivatives are outputs, not hidden intermediates, so
-        # double backward differentiates them exactly.
+        # returned).
         (x,) = inputs
         result, dresult_dx = output
         ctx.save_for_backward(x, dresult_dx)
@@ -193,7 +184,7 @@ class _GELUFusedSpeedNoJvp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, grad_dresult_dx):
         x, dresult_dx = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
+        grad_output, x, _ = _float32_for_half(grad_output, x)
         grad_x = None
         if grad_output is not None:
             if ctx.needs_input_grad[0]:

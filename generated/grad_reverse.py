@@ -3,7 +3,7 @@
 #     symgrad x --name GradReverse --grad x=-1
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "x", "grads": [["x", "-1"]], "name": "GradReverse"}
-# symgrad-sha256: 356479cc64a562566a1e7012d7ec90933fa3ac18d6a10e2db5141ba66150cce9
+# symgrad-sha256: 2fe4c2d82a2868538bc619f9487ee27b14524ec2fa895bbe8a180c2fd1722fcc
 """GradReverse: a torch.autograd.Function.
 
 f(x) = x
@@ -26,16 +26,9 @@ __all__ = ["GradReverse", "grad_reverse"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "x",
-    "function": "GradReverse",
-    "alias": "grad_reverse",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
     "surrogate": {"x": "-1"},
-    "inplace": False,
-    "save": "memory",
     "saved": [],
 }
 
@@ -56,10 +49,7 @@ class _GradReverseNoJvp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * -1
-        return grad_x
+        return grad_output * -1
 
 
 class GradReverse(_GradReverseNoJvp):
@@ -70,8 +60,7 @@ class GradReverse(_GradReverseNoJvp):
 
     @staticmethod
     def jvp(ctx, x_tangent):
-        result_tangent = x_tangent * -1
-        return result_tangent
+        return x_tangent * -1
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,17 +3,12 @@
 #     symgrad 'log((1+erf(x/sqrt(2)))/2)' --name LogNormalCdf
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "log((1+erf(x/sqrt(2)))/2)", "name": "LogNormalCdf"}
-# symgrad-sha256: 8cc1ba25e8b9adc8d802bac9a53baef321c6f8f6ac0ed8bb80b5c1dac6fec9f7
+# symgrad-sha256: e48f6d0ecca93779adf45cb4136b9cbad7b534b9faab554565d4de4f3f7fdc54
 """LogNormalCdf: a torch.autograd.Function.
 
 f(x) = log(erf(sqrt(2)*x/2)/2 + 1/2)
 
 df/dx = Piecewise((sqrt(2)/(sqrt(pi)*erfcx(-sqrt(2)*guard(x, x < 0, -1)/2)), x < 0), (sqrt(2)*exp(-guard(x, True, 1, x < 0)**2/2)/(2*sqrt(pi)*ndtr(guard(x, True, 1, x < 0))), True))
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
 
 Call `log_normal_cdf(x)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -29,16 +24,8 @@ __all__ = ["LogNormalCdf", "log_normal_cdf"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "log((1+erf(x/sqrt(2)))/2)",
-    "function": "LogNormalCdf",
-    "alias": "log_normal_cdf",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -98,27 +85,22 @@ class _LogNormalCdfNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            t0 = x < 0
-            t1 = torch.where(t0, 1, x)
-            grad_x = grad_output * torch.where(
-                t0,
-                0.7978845608028654 / _erfcx(torch.where(t0, x, -1).mul_(-0.7071067811865476)),
-                (0.3989422804014327 * ((t1**2).mul_(-0.5).exp_())).div_(
-                    (-0.7071067811865476 * t1).erfc_().mul_(0.5)
-                ),
-            )
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        t0 = x < 0
+        t1 = torch.where(t0, 1, x)
+        grad_x = grad_output * torch.where(
+            t0,
+            0.7978845608028654 / _erfcx(-0.7071067811865476 * torch.where(t0, x, -1)),
+            0.3989422804014327
+            * torch.exp(-0.5 * t1**2)
+            / (0.5 * torch.special.erfc(-0.7071067811865476 * t1)),
+        )
         return grad_x
 
 
@@ -131,8 +113,7 @@ class LogNormalCdf(_LogNormalCdfNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _LogNormalCdfNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
@@ -140,14 +121,17 @@ class LogNormalCdf(_LogNormalCdfNoJvp):
         x_tangent, x, half = _float32_for_half(x_tangent, x)
         t2 = x < 0
         t3 = torch.where(t2, 1, x)
-        result_tangent = x_tangent * torch.where(
-            t2,
-            0.7978845608028654 / _erfcx(torch.where(t2, x, -1).mul_(-0.7071067811865476)),
-            (0.3989422804014327 * ((t3**2).mul_(-0.5).exp_())).div_(
-                (-0.7071067811865476 * t3).erfc_().mul_(0.5)
+        return _round_to(
+            half,
+            x_tangent
+            * torch.where(
+                t2,
+                0.7978845608028654 / _erfcx(-0.7071067811865476 * torch.where(t2, x, -1)),
+                0.3989422804014327
+                * torch.exp(-0.5 * t3**2)
+                / (0.5 * torch.special.erfc(-0.7071067811865476 * t3)),
             ),
         )
-        return _round_to(half, result_tangent)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,7 +3,7 @@
 #     symgrad 'mean((x-y)**2)' --name MeanSquaredError
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "mean((x-y)**2)", "name": "MeanSquaredError"}
-# symgrad-sha256: 853790e2272c6d6de59b0a1d835c224570f61a143f8e5b86d14f40c1fe9955eb
+# symgrad-sha256: 997d674513b9cbbb253279d6e05a6052c560303950332dff2b61e7d1e2f80c35
 """MeanSquaredError: a torch.autograd.Function.
 
 f(x, y) = mean((x - y)**2)
@@ -25,16 +25,9 @@ __all__ = ["MeanSquaredError", "mean_squared_error"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "mean((x-y)**2)",
-    "function": "MeanSquaredError",
-    "alias": "mean_squared_error",
     "inputs": ["x", "y"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0), "y": (-3.0, 3.0)},
     "outputs": ["mean"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x", "y"],
 }
 
@@ -82,8 +75,6 @@ class _MeanSquaredErrorNoJvp(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         # Saved for backward: x (the gradient depends on it); y (the gradient depends on it).
-        # That is 2 tensors: at most 8 bytes per element of the output in float32. No forward
-        # intermediate is saved, so double backward stays exact.
         x, y = inputs
         ctx.x_shape = x.shape
         ctx.y_shape = y.shape
@@ -93,7 +84,7 @@ class _MeanSquaredErrorNoJvp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, y = ctx.saved_tensors
-        grad_output, x, y, half = _float32_for_half(grad_output, x, y)
+        grad_output, x, y, _ = _float32_for_half(grad_output, x, y)
         t0 = x - y
         grad_x = None
         if ctx.needs_input_grad[0]:

@@ -3,7 +3,7 @@
 #     symgrad 'x*tanh(log(1+exp(x)))' --name Mish
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "x*tanh(log(1+exp(x)))", "name": "Mish"}
-# symgrad-sha256: 88e00b85602fa8f47261944ef6728018ab70817adfebdf30b9a07cb2318a6a62
+# symgrad-sha256: 0e581ec4a2e7c3e030d0c3915395b0d357b2f4b0f22d99c5869849c782d21aa5
 """Mish: a torch.autograd.Function.
 
 f(x) = x*tanh(log(exp(x) + 1))
@@ -17,16 +17,6 @@ smallest normal float32):
     cosh(softplus(u)) = (1 + (1 - s)**2)/(2*(1 - s)), with s = sigmoid(u)
     u*tanh(softplus(u)) = torch.nn.functional.mish(u), in forward
     tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
-
-A sum's product and quotient terms are added by one kernel each:
-    a.addcmul(l, r, value=c) = a + c*l*r
-    a.addcdiv(l, r, value=c) = a + c*l/r
-    a.add(r, alpha=c) = a + c*r
 
 Call `mish(x)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -42,16 +32,8 @@ __all__ = ["Mish", "mish"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "x*tanh(log(1+exp(x)))",
-    "function": "Mish",
-    "alias": "mish",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -106,10 +88,8 @@ class _MishDerivative(torch.autograd.Function):
     def forward(x):
         x, half = _float32_for_half(x)
         t0 = torch.sigmoid(x)
-        t1 = ((1 - t0) ** 2).add_(1)
-        return _round_to(
-            half, (2 - t0).mul_(t0).div_(t1).add_((t0 * x).mul_((2 - 2 * t0) ** 2).div_(t1**2))
-        )
+        t1 = 1 + (1 - t0) ** 2
+        return _round_to(half, t0 * (2 - t0) / t1 + t0 * x * (2 - 2 * t0) ** 2 / t1**2)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -119,45 +99,53 @@ class _MishDerivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_dresult_dx):
         (x,) = ctx.saved_tensors
-        grad_dresult_dx, x, half = _float32_for_half(grad_dresult_dx, x)
-        t2 = (-x).sigmoid_()
+        grad_dresult_dx, x, _ = _float32_for_half(grad_dresult_dx, x)
+        t2 = torch.sigmoid(-x)
         t3 = 2 * t2
         t4 = t2**2
         t5 = 1 + t4
-        t6 = torch.reciprocal(t5)
+        t6 = 1 / t5
         t7 = 4 * t6
         t8 = torch.sigmoid(x)
         t9 = t6 * t8
         t10 = t2 * t9
-        return (grad_dresult_dx * t10).mul_(
-            t3.addcmul(t2, t7)
-            .addcmul(t10, x, value=-8)
-            .add_((t3 * t9).mul_(2 - t8))
-            .add_((t4 * t7).mul_(x))
-            .add_((t8 * x).mul_(t2**3).div_(t5**2), alpha=16)
+        return (
+            grad_dresult_dx
+            * t10
+            * (
+                t3
+                + t2 * t7
+                - 8 * t10 * x
+                + t3 * t9 * (2 - t8)
+                + t4 * t7 * x
+                + 16 * t8 * x * t2**3 / t5**2
+            )
         )
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
-        t11 = (-x).sigmoid_()
+        t11 = torch.sigmoid(-x)
         t12 = 2 * t11
         t13 = t11**2
         t14 = 1 + t13
-        t15 = torch.reciprocal(t14)
+        t15 = 1 / t14
         t16 = 4 * t15
         t17 = torch.sigmoid(x)
         t18 = t15 * t17
         t19 = t11 * t18
         return _round_to(
             half,
-            (x_tangent * t19).mul_(
-                t12.addcmul(t11, t16)
-                .addcmul(t19, x, value=-8)
-                .add_((t12 * t18).mul_(2 - t17))
-                .add_((t13 * t16).mul_(x))
-                .add_((t17 * x).mul_(t11**3).div_(t14**2), alpha=16)
+            x_tangent
+            * t19
+            * (
+                t12
+                + t11 * t16
+                - 8 * t19 * x
+                + t12 * t18 * (2 - t17)
+                + t13 * t16 * x
+                + 16 * t17 * x * t11**3 / t14**2
             ),
         )
 
@@ -169,36 +157,24 @@ class _MishNoJvp(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        x, half = _float32_for_half(x)
-        return _round_to(half, torch.nn.functional.mish(_floating(x)))
+        return torch.nn.functional.mish(_floating(x))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
         if torch.is_grad_enabled():
-            # create_graph=True: autograd's derivative of the formula would be nan or inexact
-            # somewhere the math is finite, so the derivative comes from a Function whose
-            # backward is the exact second derivative.
-            grad_output, x, half = _float32_for_half(grad_output, x)
+            # Double backward: the derivative's own Function, whose backward is exact (autograd's
+            # derivative of the formula is nan or inexact somewhere the math is finite).
+            grad_output, x, _ = _float32_for_half(grad_output, x)
             dresult_dx = _MishDerivative.apply(x)
-            grad_x = None
-            if ctx.needs_input_grad[0]:
-                grad_x = grad_output * dresult_dx
-            return grad_x
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            # First order (create_graph=True returned above): ATen's fused backward kernel,
-            # fewer passes over memory.
-            grad_x = torch.ops.aten.mish_backward(grad_output, x)
-        return grad_x
+            return grad_output * dresult_dx
+        # First order: ATen's backward kernel, fewer passes over memory.
+        return torch.ops.aten.mish_backward(grad_output, x)
 
 
 class Mish(_MishNoJvp):
@@ -210,8 +186,7 @@ class Mish(_MishNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _MishNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
@@ -219,8 +194,7 @@ class Mish(_MishNoJvp):
         x_tangent, x, half = _float32_for_half(x_tangent, x)
         # Exact in reverse mode too (torch.func.jacrev of jacfwd differentiates this jvp).
         dresult_dx = _MishDerivative.apply(x)
-        result_tangent = x_tangent * dresult_dx
-        return _round_to(half, result_tangent)
+        return _round_to(half, x_tangent * dresult_dx)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,7 +3,7 @@
 #     symgrad 'x*tanh(log(1+exp(x)))' --name MishFused --fuse
 # symgrad-templates: 6433ed60c2f3900e
 # symgrad-spec: {"expr": "x*tanh(log(1+exp(x)))", "fuse": true, "name": "MishFused"}
-# symgrad-sha256: 623a16d040eb27717a12ba40e17729e365b8eb78165e5c483adeb4e7e1ebd390
+# symgrad-sha256: acea97250ca10a5d995c58534181124bf2c7cff34bb651467f109ee000e80e3a
 """MishFused: a fused torch.autograd.Function.
 
 f(x) = x*tanh(log(exp(x) + 1))
@@ -16,11 +16,6 @@ shows it; they give 0 where sigmoid(u) underflows, u < -88.7 in float32, where
 tanh(softplus(u)) is below the smallest normal float32):
     cosh(softplus(u)) = (1 + (1 - s)**2)/(2*(1 - s)), with s = sigmoid(u)
     tanh(softplus(u)) = s*(2 - s)/(1 + (1 - s)**2), with s = sigmoid(u)
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
 
 Fused: the bodies of forward, backward and jvp are the pure functions
 `_mish_fused_forward`, `_mish_fused_backward` and `_mish_fused_jvp`, which run through
@@ -47,16 +42,8 @@ __all__ = ["MishFused", "mish_fused"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "x*tanh(log(1+exp(x)))",
-    "function": "MishFused",
-    "alias": "mish_fused",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -174,7 +161,7 @@ def _mish_fused_forward(x):
 
 
 def _mish_fused_backward(grad_output, x, needs_input_grad):
-    grad_output, x, half = _float32_for_half(grad_output, x)
+    grad_output, x, _ = _float32_for_half(grad_output, x)
     grad_x = None
     if needs_input_grad[0]:
         t1 = _sigmoid(x)
@@ -187,8 +174,7 @@ def _mish_fused_jvp(x_tangent, x):
     x_tangent, x, half = _float32_for_half(x_tangent, x)
     # Exact in reverse mode too (torch.func.jacrev of jacfwd differentiates this jvp).
     dresult_dx = _MishFusedDerivative.apply(x)
-    result_tangent = x_tangent * dresult_dx
-    return _round_to(half, result_tangent)
+    return _round_to(half, x_tangent * dresult_dx)
 
 
 class _MishFusedDerivative(torch.autograd.Function):
@@ -207,7 +193,7 @@ class _MishFusedDerivative(torch.autograd.Function):
         x, half = _float32_for_half(x)
         t3 = _sigmoid(x)
         t4 = 1 + (1 - t3) ** 2
-        return _round_to(half, (t3 * x * (2 - 2 * t3) ** 2 / t4**2).add_(t3 * (2 - t3) / t4))
+        return _round_to(half, t3 * (2 - t3) / t4 + t3 * x * (2 - 2 * t3) ** 2 / t4**2)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -217,7 +203,7 @@ class _MishFusedDerivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_dresult_dx):
         (x,) = ctx.saved_tensors
-        grad_dresult_dx, x, half = _float32_for_half(grad_dresult_dx, x)
+        grad_dresult_dx, x, _ = _float32_for_half(grad_dresult_dx, x)
         t5 = _sigmoid(-x)
         t6 = 2 * t5
         t7 = t5**2
@@ -227,11 +213,17 @@ class _MishFusedDerivative(torch.autograd.Function):
         t11 = _sigmoid(x)
         t12 = t11 * t9
         t13 = t12 * t5
-        return (grad_dresult_dx * t13).mul_(
-            (t6 + t10 * t5 - 8 * t13 * x)
-            .add_(t10 * t7 * x)
-            .add_(t12 * t6 * (2 - t11))
-            .add_((16 * t11 * x).mul_(t5**3).div_(t8**2))
+        return (
+            grad_dresult_dx
+            * t13
+            * (
+                t6
+                + t10 * t5
+                - 8 * t13 * x
+                + t10 * t7 * x
+                + t12 * t6 * (2 - t11)
+                + 16 * t11 * x * t5**3 / t8**2
+            )
         )
 
     @staticmethod
@@ -249,11 +241,15 @@ class _MishFusedDerivative(torch.autograd.Function):
         t22 = t14 * t21
         return _round_to(
             half,
-            (x_tangent * t22).mul_(
-                (t15 + t14 * t19 - 8 * t22 * x)
-                .add_(t15 * t21 * (2 - t20))
-                .add_(t16 * t19 * x)
-                .add_((16 * t20 * x).mul_(t14**3).div_(t17**2))
+            x_tangent
+            * t22
+            * (
+                t15
+                + t14 * t19
+                - 8 * t22 * x
+                + t15 * t21 * (2 - t20)
+                + t16 * t19 * x
+                + 16 * t20 * x * t14**3 / t17**2
             ),
         )
 
@@ -269,25 +265,18 @@ class _MishFusedNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
         if torch.is_grad_enabled():
-            # create_graph=True: autograd's derivative of the formula would be nan or inexact
-            # somewhere the math is finite, so the derivative comes from a Function whose
-            # backward is the exact second derivative.
-            grad_output, x, half = _float32_for_half(grad_output, x)
+            # Double backward: the derivative's own Function, whose backward is exact (autograd's
+            # derivative of the formula is nan or inexact somewhere the math is finite).
+            grad_output, x, _ = _float32_for_half(grad_output, x)
             dresult_dx = _MishFusedDerivative.apply(x)
-            grad_x = None
-            if ctx.needs_input_grad[0]:
-                grad_x = grad_output * dresult_dx
-            return grad_x
+            return grad_output * dresult_dx
         grad_x = _fused(_mish_fused_backward, grad_output, x, ctx.needs_input_grad, operations=16)
         return grad_x
 
@@ -301,8 +290,7 @@ class MishFused(_MishFusedNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _MishFusedNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):

@@ -3,7 +3,7 @@
 #     symgrad 'x*y, x+y' --name Pair --inputs x,y
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "x*y, x+y", "inputs": ["x", "y"], "name": "Pair"}
-# symgrad-sha256: 5f1d8ba600bd8ca51b6067e35405640cfece536c7cd9966421e387a503043f1a
+# symgrad-sha256: 4f46d9c074b7bf9ca13c9e5265efd282ee218d623d64f985048ec64c8517fc44
 """Pair: a torch.autograd.Function.
 
 f0(x, y) = x*y
@@ -28,16 +28,9 @@ __all__ = ["Pair", "pair"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "x*y, x+y",
-    "function": "Pair",
-    "alias": "pair",
     "inputs": ["x", "y"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0), "y": (-3.0, 3.0)},
     "outputs": ["elementwise", "elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x", "y"],
 }
 
@@ -79,14 +72,11 @@ class _PairNoJvp(torch.autograd.Function):
 
     @staticmethod
     def forward(x, y):
-        x, y, half = _float32_for_half(x, y)
-        return _round_to(half, x * y, x + y)
+        return x * y, x + y
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         # Saved for backward: x (the gradient depends on it); y (the gradient depends on it).
-        # That is 2 tensors: at most 8 bytes per element of the output in float32. No forward
-        # intermediate is saved, so double backward stays exact.
         x, y = inputs
         result0, result1 = output
         ctx.x_shape = x.shape
@@ -98,7 +88,7 @@ class _PairNoJvp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output0, grad_output1):
         x, y = ctx.saved_tensors
-        grad_output0, grad_output1, x, y, half = _float32_for_half(grad_output0, grad_output1, x, y)
+        grad_output0, grad_output1, x, y, _ = _float32_for_half(grad_output0, grad_output1, x, y)
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = (grad_output0 * y).sum_to_size(ctx.x_shape) + (grad_output1).sum_to_size(

@@ -3,7 +3,7 @@
 #     symgrad 'sum(x*exp(-y)), sin(x)*cos(y)' --name PairSpeed --inputs x,y --save speed
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "sum(x*exp(-y)), sin(x)*cos(y)", "inputs": ["x", "y"], "name": "PairSpeed", "save": "speed"}
-# symgrad-sha256: 3c5d6dc2fb223b8a5c137c0ff705436269543d17ce5192cf702115d6db85615e
+# symgrad-sha256: b3ad63c3ece226a14a93b03dd5cbbed8b09e02074b7a7723e1ce75df213edeff
 """PairSpeed: a torch.autograd.Function.
 
 f0(x, y) = sum(x*exp(-y))
@@ -13,11 +13,6 @@ d(the elementwise part of f0)/dx = exp(-y)
 d(the elementwise part of f0)/dy = -x*exp(-y)
 df1/dx = cos(x)*cos(y)
 df1/dy = -sin(x)*sin(y)
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
 
 --save speed: forward also computes dresult0_dx, dresult0_dy, dresult1_dx, dresult1_dy,
 sharing work with the output, so `PairSpeed.apply` returns 6 tensors and the alias
@@ -39,15 +34,9 @@ __all__ = ["PairSpeed", "pair_speed"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "sum(x*exp(-y)), sin(x)*cos(y)",
-    "function": "PairSpeed",
-    "alias": "pair_speed",
     "inputs": ["x", "y"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0), "y": (-3.0, 3.0)},
     "outputs": ["sum", "elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
     "save": "speed",
     "saved": ["x", "y", "dresult0_dx", "dresult0_dy", "dresult1_dx", "dresult1_dy"],
 }
@@ -100,12 +89,9 @@ class _PairSpeedNoJvp(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         # Saved for backward: x (the gradient depends on it); y (the gradient depends on it);
-        # dresult0_dx (a derivative forward returned, so backward only multiplies by it);
-        # dresult0_dy (a derivative forward returned, so backward only multiplies by it);
-        # dresult1_dx (a derivative forward returned, so backward only multiplies by it);
-        # dresult1_dy (a derivative forward returned, so backward only multiplies by it). That
-        # is 6 tensors: at most 24 bytes per element of the output in float32. The derivatives
-        # are outputs, not hidden intermediates, so double backward differentiates them exactly.
+        # dresult0_dx (a derivative forward returned); dresult0_dy (a derivative forward
+        # returned); dresult1_dx (a derivative forward returned); dresult1_dy (a derivative
+        # forward returned).
         x, y = inputs
         result0, result1, dresult0_dx, dresult0_dy, dresult1_dx, dresult1_dy = output
         ctx.x_shape = x.shape
@@ -131,7 +117,7 @@ class _PairSpeedNoJvp(torch.autograd.Function):
         grad_dresult1_dy,
     ):
         x, y, dresult0_dx, dresult0_dy, dresult1_dx, dresult1_dy = ctx.saved_tensors
-        grad_output0, grad_output1, x, y, half = _float32_for_half(grad_output0, grad_output1, x, y)
+        grad_output0, grad_output1, x, y, _ = _float32_for_half(grad_output0, grad_output1, x, y)
         grad_x = grad_y = None
         if grad_output0 is not None:
             if ctx.needs_input_grad[0]:
@@ -164,25 +150,17 @@ class _PairSpeedNoJvp(torch.autograd.Function):
                 grad_y = term if grad_y is None else grad_y + term
         if grad_dresult1_dx is not None:
             if ctx.needs_input_grad[0]:
-                term = (grad_dresult1_dx * (torch.cos(y).neg_()) * torch.sin(x)).sum_to_size(
-                    ctx.x_shape
-                )
+                term = (grad_dresult1_dx * -torch.cos(y) * torch.sin(x)).sum_to_size(ctx.x_shape)
                 grad_x = term if grad_x is None else grad_x + term
             if ctx.needs_input_grad[1]:
-                term = (grad_dresult1_dx * (torch.cos(x).neg_()) * torch.sin(y)).sum_to_size(
-                    ctx.y_shape
-                )
+                term = (grad_dresult1_dx * -torch.cos(x) * torch.sin(y)).sum_to_size(ctx.y_shape)
                 grad_y = term if grad_y is None else grad_y + term
         if grad_dresult1_dy is not None:
             if ctx.needs_input_grad[0]:
-                term = (grad_dresult1_dy * (torch.cos(x).neg_()) * torch.sin(y)).sum_to_size(
-                    ctx.x_shape
-                )
+                term = (grad_dresult1_dy * -torch.cos(x) * torch.sin(y)).sum_to_size(ctx.x_shape)
                 grad_x = term if grad_x is None else grad_x + term
             if ctx.needs_input_grad[1]:
-                term = (grad_dresult1_dy * (torch.cos(y).neg_()) * torch.sin(x)).sum_to_size(
-                    ctx.y_shape
-                )
+                term = (grad_dresult1_dy * -torch.cos(y) * torch.sin(x)).sum_to_size(ctx.y_shape)
                 grad_y = term if grad_y is None else grad_y + term
         return grad_x, grad_y
 
@@ -212,8 +190,8 @@ class PairSpeed(_PairSpeedNoJvp):
         x_tangent, y_tangent, x, y, half = _float32_for_half(x_tangent, y_tangent, x, y)
         t5 = torch.exp(-y)
         t6 = -t5
-        t7 = (torch.cos(y).neg_()) * torch.sin(x)
-        t8 = (torch.cos(x).neg_()) * torch.sin(y)
+        t7 = -torch.cos(y) * torch.sin(x)
+        t8 = -torch.cos(x) * torch.sin(y)
         result0_tangent = None
         if x_tangent is not None:
             result0_tangent = x_tangent * dresult0_dx

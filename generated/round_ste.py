@@ -3,7 +3,7 @@
 #     symgrad 'floor(x + 1/2)' --name RoundSTE --grad x=1
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "floor(x + 1/2)", "grads": [["x", "1"]], "name": "RoundSTE"}
-# symgrad-sha256: 50954e9918560fcb3cdd11f4ad8c4adace722b04bcc4597a5b7d573d38add4fe
+# symgrad-sha256: 7c2a0a45dc9d6be7c8473e158e361d4de75d1422ecd05b4e03ab3f7c0d090dc7
 """RoundSTE: a torch.autograd.Function.
 
 f(x) = floor(x + 1/2)
@@ -26,16 +26,9 @@ __all__ = ["RoundSTE", "round_ste"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "floor(x + 1/2)",
-    "function": "RoundSTE",
-    "alias": "round_ste",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
     "surrogate": {"x": "1"},
-    "inplace": False,
-    "save": "memory",
     "saved": [],
 }
 
@@ -87,10 +80,7 @@ class _RoundSTENoJvp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output
-        return grad_x
+        return grad_output
 
 
 class RoundSTE(_RoundSTENoJvp):
@@ -101,8 +91,7 @@ class RoundSTE(_RoundSTENoJvp):
 
     @staticmethod
     def jvp(ctx, x_tangent):
-        result_tangent = x_tangent
-        return result_tangent
+        return x_tangent
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,7 +3,7 @@
 #     symgrad 'x/(1+exp(-x))' --name SiLU
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "x/(1+exp(-x))", "name": "SiLU"}
-# symgrad-sha256: 67d782906ee6aaac5d925a81d6c5de0bec9ff94c85b24c6f8c62f3b53372421c
+# symgrad-sha256: 0ee4df2d95b54c93818a9a77634dadf405cfc6af4343d619166b846485ad625e
 """SiLU: a torch.autograd.Function.
 
 f(x) = x/(1 + exp(-x))
@@ -13,16 +13,6 @@ df/dx = (x*(1 - sigmoid(x)) + 1)*sigmoid(x)
 The bodies use these identities, which run fewer or cheaper kernels. Each is accurate in
 float32 (the softplus ones are kept only where rounding shows it):
     u*sigmoid(u) = torch.nn.functional.silu(u), in forward
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
-
-A sum's product and quotient terms are added by one kernel each:
-    a.addcmul(l, r, value=c) = a + c*l*r
-    a.addcdiv(l, r, value=c) = a + c*l/r
-    a.add(r, alpha=c) = a + c*r
 
 Call `si_lu(x)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -38,16 +28,8 @@ __all__ = ["SiLU", "si_lu"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "x/(1+exp(-x))",
-    "function": "SiLU",
-    "alias": "si_lu",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -102,7 +84,7 @@ class _SiLUDerivative(torch.autograd.Function):
     def forward(x):
         x, half = _float32_for_half(x)
         t0 = torch.sigmoid(x)
-        return _round_to(half, (1 - t0).mul_(x).add_(1).mul_(t0))
+        return _round_to(half, t0 * (1 + x * (1 - t0)))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -112,20 +94,18 @@ class _SiLUDerivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_dresult_dx):
         (x,) = ctx.saved_tensors
-        grad_dresult_dx, x, half = _float32_for_half(grad_dresult_dx, x)
+        grad_dresult_dx, x, _ = _float32_for_half(grad_dresult_dx, x)
         t1 = torch.sigmoid(x)
-        t2 = (-x).sigmoid_()
-        return (grad_dresult_dx * t1).mul_(t2).mul_((t2 * x).add_(2).addcmul(t1, x, value=-1))
+        t2 = torch.sigmoid(-x)
+        return grad_dresult_dx * t1 * t2 * (2 + t2 * x - t1 * x)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
         t3 = torch.sigmoid(x)
-        t4 = (-x).sigmoid_()
-        return _round_to(
-            half, (x_tangent * t3).mul_(t4).mul_((t4 * x).add_(2).addcmul(t3, x, value=-1))
-        )
+        t4 = torch.sigmoid(-x)
+        return _round_to(half, x_tangent * t3 * t4 * (2 + t4 * x - t3 * x))
 
 
 class _SiLUNoJvp(torch.autograd.Function):
@@ -135,36 +115,24 @@ class _SiLUNoJvp(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        x, half = _float32_for_half(x)
-        return _round_to(half, torch.nn.functional.silu(_floating(x)))
+        return torch.nn.functional.silu(_floating(x))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
         if torch.is_grad_enabled():
-            # create_graph=True: autograd's derivative of the formula would be nan or inexact
-            # somewhere the math is finite, so the derivative comes from a Function whose
-            # backward is the exact second derivative.
-            grad_output, x, half = _float32_for_half(grad_output, x)
+            # Double backward: the derivative's own Function, whose backward is exact (autograd's
+            # derivative of the formula is nan or inexact somewhere the math is finite).
+            grad_output, x, _ = _float32_for_half(grad_output, x)
             dresult_dx = _SiLUDerivative.apply(x)
-            grad_x = None
-            if ctx.needs_input_grad[0]:
-                grad_x = grad_output * dresult_dx
-            return grad_x
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            # First order (create_graph=True returned above): ATen's fused backward kernel,
-            # fewer passes over memory.
-            grad_x = torch.ops.aten.silu_backward(grad_output, x)
-        return grad_x
+            return grad_output * dresult_dx
+        # First order: ATen's backward kernel, fewer passes over memory.
+        return torch.ops.aten.silu_backward(grad_output, x)
 
 
 class SiLU(_SiLUNoJvp):
@@ -176,8 +144,7 @@ class SiLU(_SiLUNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _SiLUNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
@@ -185,8 +152,7 @@ class SiLU(_SiLUNoJvp):
         x_tangent, x, half = _float32_for_half(x_tangent, x)
         # Exact in reverse mode too (torch.func.jacrev of jacfwd differentiates this jvp).
         dresult_dx = _SiLUDerivative.apply(x)
-        result_tangent = x_tangent * dresult_dx
-        return _round_to(half, result_tangent)
+        return _round_to(half, x_tangent * dresult_dx)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,7 +3,7 @@
 #     symgrad 'sign(x)' --name SignSTE --grad 'x=Piecewise((1, abs(x) <= 1), (0, True))'
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "sign(x)", "grads": [["x", "Piecewise((1, abs(x) <= 1), (0, True))"]], "name": "SignSTE"}
-# symgrad-sha256: 8b4ec9d702bc154cfc7bbeb7b4285b69fab8b9aa96c62a8ddcdd749b76ede8d8
+# symgrad-sha256: dd8a8410725315c58400a0400a8773c36a79b683c590bcdf58a4bb289b6f6316
 """SignSTE: a torch.autograd.Function.
 
 f(x) = sign(x)
@@ -26,16 +26,9 @@ __all__ = ["SignSTE", "sign_ste"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "sign(x)",
-    "function": "SignSTE",
-    "alias": "sign_ste",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
     "surrogate": {"x": "Piecewise((1, abs(x) <= 1), (0, True))"},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -96,24 +89,18 @@ class _SignSTENoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * torch.where(
-                torch.abs(x) <= 1,
-                torch.tensor(1, dtype=grad_output.dtype, device=grad_output.device),
-                0,
-            )
-        return grad_x
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        return grad_output * torch.where(
+            torch.abs(x) <= 1,
+            torch.tensor(1, dtype=grad_output.dtype, device=grad_output.device),
+            0,
+        )
 
 
 class SignSTE(_SignSTENoJvp):
@@ -125,17 +112,19 @@ class SignSTE(_SignSTENoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _SignSTENoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
-        result_tangent = x_tangent * torch.where(
-            torch.abs(x) <= 1, torch.tensor(1, dtype=_dtype_with(x, 1), device=x.device), 0
+        return _round_to(
+            half,
+            x_tangent
+            * torch.where(
+                torch.abs(x) <= 1, torch.tensor(1, dtype=_dtype_with(x, 1), device=x.device), 0
+            ),
         )
-        return _round_to(half, result_tangent)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,17 +3,12 @@
 #     symgrad 'sin(x)/x' --name Sinc
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "sin(x)/x", "name": "Sinc"}
-# symgrad-sha256: 32f7b48ca9d29d7ec682443ed0556f176185fb6017eb576e43ca5f3e72f66b5a
+# symgrad-sha256: 0c142bd28ed8b935e5443c037949e7357ce93e11855693902c20f62f24c2729e
 """Sinc: a torch.autograd.Function.
 
 f(x) = sin(x)/x
 
 df/dx = (cos(x) - sin(x)/x)/x
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
 
 Call `sinc(x)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -27,20 +22,7 @@ import torch
 __all__ = ["Sinc", "sinc"]
 
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
-__symgrad__ = {
-    "expr": "sin(x)/x",
-    "function": "Sinc",
-    "alias": "sinc",
-    "inputs": ["x"],
-    "params": {},
-    "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
-    "saved": ["x"],
-}
+__symgrad__ = {"expr": "sin(x)/x", "inputs": ["x"], "domain": {"x": (-3.0, 3.0)}, "saved": ["x"]}
 
 
 def _float32_for_half(*values, also=()):
@@ -110,44 +92,51 @@ class _SincNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            t3 = torch.abs(x) < 1.0
-            t4 = torch.where(t3, x, 0.0)
-            t5 = torch.where(t3, 1.0, x)
-            t6 = torch.reciprocal(t5)
-            t7 = t4**2
-            grad_x = grad_output * torch.where(
-                t3,
-                (-1.4797143443923793e-16 * t7)
-                .add_(4.498331606952833e-14)
-                .mul_(t7)
-                .sub_(1.0706029224547743e-11)
-                .mul_(t7)
-                .add_(1.9270852604185937e-09)
-                .mul_(t7)
-                .sub_(2.505210838544172e-07)
-                .mul_(t7)
-                .add_(2.2045855379188714e-05)
-                .mul_(t7)
-                .sub_(0.0011904761904761906)
-                .mul_(t7)
-                .add_(0.03333333333333333)
-                .mul_(t7)
-                .sub_(0.3333333333333333)
-                .mul_(t4),
-                torch.cos(t5).sub_(torch.sin(t5).mul_(t6)).mul_(t6),
-            )
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        t3 = torch.abs(x) < 1.0
+        t4 = torch.where(t3, x, 0.0)
+        t5 = torch.where(t3, 1.0, x)
+        t6 = 1 / t5
+        t7 = t4**2
+        grad_x = grad_output * torch.where(
+            t3,
+            t4
+            * (
+                t7
+                * (
+                    t7
+                    * (
+                        t7
+                        * (
+                            t7
+                            * (
+                                t7
+                                * (
+                                    t7
+                                    * (
+                                        t7 * (-1.4797143443923793e-16 * t7 + 4.498331606952833e-14)
+                                        - 1.0706029224547743e-11
+                                    )
+                                    + 1.9270852604185937e-09
+                                )
+                                - 2.505210838544172e-07
+                            )
+                            + 2.2045855379188714e-05
+                        )
+                        - 0.0011904761904761906
+                    )
+                    + 0.03333333333333333
+                )
+                - 0.3333333333333333
+            ),
+            t6 * (torch.cos(t5) - t6 * torch.sin(t5)),
+        )
         return grad_x
 
 
@@ -158,37 +147,9 @@ class Sinc(_SincNoJvp):
     """
 
     @staticmethod
-    def forward(x):
-        # The same values in fewer kernels, reusing temporaries' buffers: faster in eager mode.
-        # (The torch.compile twin above runs out of place: inductor plans its own buffers,
-        # and Dynamo in torch 2.11 gave zero gradients here, pytorch/pytorch#180642.)
-        x, half = _float32_for_half(x)
-        t0 = torch.abs(x) < 0.125
-        t1 = torch.where(t0, 0.125, x)
-        t2 = torch.where(t0, x, 0.0) ** 2
-        return _round_to(
-            half,
-            torch.where(
-                t0,
-                (-2.505210838544172e-08 * t2)
-                .add_(2.7557319223985893e-06)
-                .mul_(t2)
-                .sub_(0.0001984126984126984)
-                .mul_(t2)
-                .add_(0.008333333333333333)
-                .mul_(t2)
-                .sub_(0.16666666666666666)
-                .mul_(t2)
-                .add_(1.0),
-                torch.sin(t1).div_(t1),
-            ),
-        )
-
-    @staticmethod
     def setup_context(ctx, inputs, output):
         _SincNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
@@ -197,37 +158,55 @@ class Sinc(_SincNoJvp):
         t8 = torch.abs(x) < 1.0
         t9 = torch.where(t8, x, 0.0)
         t10 = torch.where(t8, 1.0, x)
-        t11 = torch.reciprocal(t10)
+        t11 = 1 / t10
         t12 = t9**2
-        result_tangent = x_tangent * torch.where(
-            t8,
-            (-1.4797143443923793e-16 * t12)
-            .add_(4.498331606952833e-14)
-            .mul_(t12)
-            .sub_(1.0706029224547743e-11)
-            .mul_(t12)
-            .add_(1.9270852604185937e-09)
-            .mul_(t12)
-            .sub_(2.505210838544172e-07)
-            .mul_(t12)
-            .add_(2.2045855379188714e-05)
-            .mul_(t12)
-            .sub_(0.0011904761904761906)
-            .mul_(t12)
-            .add_(0.03333333333333333)
-            .mul_(t12)
-            .sub_(0.3333333333333333)
-            .mul_(t9),
-            torch.cos(t10).sub_(torch.sin(t10).mul_(t11)).mul_(t11),
+        return _round_to(
+            half,
+            x_tangent
+            * torch.where(
+                t8,
+                t9
+                * (
+                    t12
+                    * (
+                        t12
+                        * (
+                            t12
+                            * (
+                                t12
+                                * (
+                                    t12
+                                    * (
+                                        t12
+                                        * (
+                                            t12
+                                            * (
+                                                -1.4797143443923793e-16 * t12
+                                                + 4.498331606952833e-14
+                                            )
+                                            - 1.0706029224547743e-11
+                                        )
+                                        + 1.9270852604185937e-09
+                                    )
+                                    - 2.505210838544172e-07
+                                )
+                                + 2.2045855379188714e-05
+                            )
+                            - 0.0011904761904761906
+                        )
+                        + 0.03333333333333333
+                    )
+                    - 0.3333333333333333
+                ),
+                t11 * (torch.cos(t10) - t11 * torch.sin(t10)),
+            ),
         )
-        return _round_to(half, result_tangent)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature
 # rebuilds that signature on every call unless the function carries one. Set once here, it
 # saves about 25 us a call (torch 2.13): 4-17% of a forward plus backward on a small tensor.
 _SincNoJvp.forward.__signature__ = inspect.signature(_SincNoJvp.forward)
-Sinc.forward.__signature__ = inspect.signature(Sinc.forward)
 
 
 def sinc(x):

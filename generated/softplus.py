@@ -3,17 +3,12 @@
 #     symgrad 'log(1+exp(x))' --name Softplus
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "log(1+exp(x))", "name": "Softplus"}
-# symgrad-sha256: 0072c903f51dca415f9f33cb7a0fba9a43e25244f17b96a7dd6dcf8fafa8f216
+# symgrad-sha256: a86dad9d4889ef3e0137c99af9f2f49ca2a960dc9a6cf6ed83095bba04c2baee
 """Softplus: a torch.autograd.Function.
 
 f(x) = log(exp(x) + 1)
 
 df/dx = sigmoid(x)
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
 
 Call `softplus(x)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -29,16 +24,8 @@ __all__ = ["Softplus", "softplus"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "log(1+exp(x))",
-    "function": "Softplus",
-    "alias": "softplus",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -96,14 +83,14 @@ class _SoftplusDerivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_dresult_dx):
         (x,) = ctx.saved_tensors
-        grad_dresult_dx, x, half = _float32_for_half(grad_dresult_dx, x)
-        return (grad_dresult_dx * torch.sigmoid(x)).mul_((-x).sigmoid_())
+        grad_dresult_dx, x, _ = _float32_for_half(grad_dresult_dx, x)
+        return grad_dresult_dx * torch.sigmoid(x) * torch.sigmoid(-x)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
-        return _round_to(half, (x_tangent * torch.sigmoid(x)).mul_((-x).sigmoid_()))
+        return _round_to(half, x_tangent * torch.sigmoid(x) * torch.sigmoid(-x))
 
 
 class _SoftplusNoJvp(torch.autograd.Function):
@@ -117,31 +104,20 @@ class _SoftplusNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
         if torch.is_grad_enabled():
-            # create_graph=True: autograd's derivative of the formula would be nan or inexact
-            # somewhere the math is finite, so the derivative comes from a Function whose
-            # backward is the exact second derivative.
-            grad_output, x, half = _float32_for_half(grad_output, x)
+            # Double backward: the derivative's own Function, whose backward is exact (autograd's
+            # derivative of the formula is nan or inexact somewhere the math is finite).
+            grad_output, x, _ = _float32_for_half(grad_output, x)
             dresult_dx = _SoftplusDerivative.apply(x)
-            grad_x = None
-            if ctx.needs_input_grad[0]:
-                grad_x = grad_output * dresult_dx
-            return grad_x
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            # First order (create_graph=True returned above): ATen's fused backward kernel,
-            # fewer passes over memory.
-            grad_x = torch.ops.aten.softplus_backward(grad_output, x, 1.0, 40.0)
-        return grad_x
+            return grad_output * dresult_dx
+        # First order: ATen's backward kernel, fewer passes over memory.
+        return torch.ops.aten.softplus_backward(grad_output, x, 1.0, 40.0)
 
 
 class Softplus(_SoftplusNoJvp):
@@ -153,8 +129,7 @@ class Softplus(_SoftplusNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _SoftplusNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
@@ -162,8 +137,7 @@ class Softplus(_SoftplusNoJvp):
         x_tangent, x, half = _float32_for_half(x_tangent, x)
         # Exact in reverse mode too (torch.func.jacrev of jacfwd differentiates this jvp).
         dresult_dx = _SoftplusDerivative.apply(x)
-        result_tangent = x_tangent * dresult_dx
-        return _round_to(half, result_tangent)
+        return _round_to(half, x_tangent * dresult_dx)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

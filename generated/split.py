@@ -3,7 +3,7 @@
 #     symgrad 'floor(x), x**2' --name Split
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "floor(x), x**2", "name": "Split"}
-# symgrad-sha256: 720013f34ff532df0129d24c82eb91ac3eafc5034ad1ee8bfcd83df6c6c84a9d
+# symgrad-sha256: 5aa12f9075ed0c4162c65782c3bbd732e94f01b48a05bdfaedd3391d282e74a9
 """Split: a torch.autograd.Function.
 
 f0(x) = floor(x)
@@ -26,16 +26,10 @@ __all__ = ["Split", "split"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "floor(x), x**2",
-    "function": "Split",
-    "alias": "split",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
     "outputs": ["elementwise", "elementwise"],
     "nondifferentiable": [0],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -77,14 +71,11 @@ class _SplitNoJvp(torch.autograd.Function):
 
     @staticmethod
     def forward(x):
-        x, half = _float32_for_half(x)
-        return _round_to(half, torch.floor(x), x**2)
+        return torch.floor(x), x**2
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
+        # Saved for backward: x (the gradient depends on it).
         (x,) = inputs
         result0, result1 = output
         # Piecewise constant in every input: the derivative is zero almost everywhere.
@@ -94,11 +85,8 @@ class _SplitNoJvp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output0, grad_output1):
         (x,) = ctx.saved_tensors
-        grad_output0, grad_output1, x, half = _float32_for_half(grad_output0, grad_output1, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output1 * 2 * x
-        return grad_x
+        grad_output0, grad_output1, x, _ = _float32_for_half(grad_output0, grad_output1, x)
+        return grad_output1 * 2 * x
 
 
 class Split(_SplitNoJvp):

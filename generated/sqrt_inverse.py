@@ -3,17 +3,12 @@
 #     symgrad 'sqrt(x)+1/x' --name SqrtInverse
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "sqrt(x)+1/x", "name": "SqrtInverse"}
-# symgrad-sha256: c0db4ec75adc50c31fff465b896e9ef7e61eea56a6af944ced52b0c01d455f5d
+# symgrad-sha256: 0984d0beee37d414ff26af85e35896df8becebbe5604d31fc7cd4edf70f5dcc5
 """SqrtInverse: a torch.autograd.Function.
 
 f(x) = sqrt(x) + 1/x
 
 df/dx = -1/x**2 + 1/(2*sqrt(x))
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
 
 Call `sqrt_inverse(x)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -27,20 +22,7 @@ import torch
 __all__ = ["SqrtInverse", "sqrt_inverse"]
 
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
-__symgrad__ = {
-    "expr": "sqrt(x)+1/x",
-    "function": "SqrtInverse",
-    "alias": "sqrt_inverse",
-    "inputs": ["x"],
-    "params": {},
-    "domain": {"x": (0.1, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
-    "saved": ["x"],
-}
+__symgrad__ = {"expr": "sqrt(x)+1/x", "inputs": ["x"], "domain": {"x": (0.1, 3.0)}, "saved": ["x"]}
 
 
 def _float32_for_half(*values, also=()):
@@ -85,20 +67,14 @@ class _SqrtInverseNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * ((0.5 * torch.rsqrt(x)).sub_(x**-2.0))
-        return grad_x
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        return grad_output * (0.5 * torch.rsqrt(x) - x**-2.0)
 
 
 class SqrtInverse(_SqrtInverseNoJvp):
@@ -108,32 +84,21 @@ class SqrtInverse(_SqrtInverseNoJvp):
     """
 
     @staticmethod
-    def forward(x):
-        # The same values in fewer kernels, reusing temporaries' buffers: faster in eager mode.
-        # (The torch.compile twin above runs out of place: inductor plans its own buffers,
-        # and Dynamo in torch 2.11 gave zero gradients here, pytorch/pytorch#180642.)
-        x, half = _float32_for_half(x)
-        return _round_to(half, torch.sqrt(x) + torch.reciprocal(x))
-
-    @staticmethod
     def setup_context(ctx, inputs, output):
         _SqrtInverseNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
-        result_tangent = x_tangent * ((0.5 * torch.rsqrt(x)).sub_(x**-2.0))
-        return _round_to(half, result_tangent)
+        return _round_to(half, x_tangent * (0.5 * torch.rsqrt(x) - x**-2.0))
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature
 # rebuilds that signature on every call unless the function carries one. Set once here, it
 # saves about 25 us a call (torch 2.13): 4-17% of a forward plus backward on a small tensor.
 _SqrtInverseNoJvp.forward.__signature__ = inspect.signature(_SqrtInverseNoJvp.forward)
-SqrtInverse.forward.__signature__ = inspect.signature(SqrtInverse.forward)
 
 
 def sqrt_inverse(x):

@@ -3,17 +3,12 @@
 #     symgrad 'Piecewise((sqrt(x), x > 0), (0, True))' --name SqrtRelu
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "Piecewise((sqrt(x), x > 0), (0, True))", "name": "SqrtRelu"}
-# symgrad-sha256: 5327b5a7e2ea45044f75e8c566ace87a81992c9550ca7ddd757db62218b40f91
+# symgrad-sha256: c9d04ed030f9a7e4f47c22f81ba411f2a36eed67d8a5b1906f72b5f8f30e2716
 """SqrtRelu: a torch.autograd.Function.
 
 f(x) = Piecewise((sqrt(x), x > 0), (0, True))
 
 df/dx = Piecewise((1/(2*sqrt(guard(x, x > 0, 1))), x > 0), (0, True))
-
-In-place methods (.add_(), .mul_(), .exp_(), ...) only update a temporary that the same
-expression has just made, never an input, a saved tensor or a named value: an in-place
-op skips the read of a new buffer that an out-of-place op pays, and autograd, vmap and
-broadcasting allow each of them (symgrad.inplace).
 
 Call `sqrt_relu(x)`: in eager mode it supports backward, double backward, forward-mode AD
 and torch.func (vmap, grad, jacrev, jacfwd), and under torch.compile it applies the
@@ -29,16 +24,8 @@ __all__ = ["SqrtRelu", "sqrt_relu"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "Piecewise((sqrt(x), x > 0), (0, True))",
-    "function": "SqrtRelu",
-    "alias": "sqrt_relu",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -86,20 +73,15 @@ class _SqrtReluNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            t1 = x > 0
-            grad_x = grad_output * torch.where(t1, 0.5 * (torch.where(t1, x, 1).rsqrt_()), 0)
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        t1 = x > 0
+        grad_x = grad_output * torch.where(t1, 0.5 * torch.rsqrt(torch.where(t1, x, 1)), 0)
         return grad_x
 
 
@@ -112,16 +94,16 @@ class SqrtRelu(_SqrtReluNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _SqrtReluNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
         t2 = x > 0
-        result_tangent = x_tangent * torch.where(t2, 0.5 * (torch.where(t2, x, 1).rsqrt_()), 0)
-        return _round_to(half, result_tangent)
+        return _round_to(
+            half, x_tangent * torch.where(t2, 0.5 * torch.rsqrt(torch.where(t2, x, 1)), 0)
+        )
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

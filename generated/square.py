@@ -3,7 +3,7 @@
 #     symgrad 'x**2' --name Square
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "x**2", "name": "Square"}
-# symgrad-sha256: 7748e018de9f7e7e53846dd36daae3faa8e72eaa2b61baf0aa5fcf302b64bdc7
+# symgrad-sha256: 9e4ccbd365eca74fac512a342f52fa64400d3a0609e7d599e91ff2e3f0552268
 """Square: a torch.autograd.Function.
 
 f(x) = x**2
@@ -22,20 +22,7 @@ import torch
 __all__ = ["Square", "square"]
 
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
-__symgrad__ = {
-    "expr": "x**2",
-    "function": "Square",
-    "alias": "square",
-    "inputs": ["x"],
-    "params": {},
-    "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
-    "saved": ["x"],
-}
+__symgrad__ = {"expr": "x**2", "inputs": ["x"], "domain": {"x": (-3.0, 3.0)}, "saved": ["x"]}
 
 
 def _float32_for_half(*values, also=()):
@@ -79,20 +66,14 @@ class _SquareNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_output * 2 * x
-        return grad_x
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        return grad_output * 2 * x
 
 
 class Square(_SquareNoJvp):
@@ -104,15 +85,13 @@ class Square(_SquareNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _SquareNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
-        result_tangent = x_tangent * 2 * x
-        return _round_to(half, result_tangent)
+        return _round_to(half, x_tangent * 2 * x)
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,7 +3,7 @@
 #     symgrad 'sum(x**2)' --name SquareSum
 # symgrad-templates: 1ec05bd0e44b85a9
 # symgrad-spec: {"expr": "sum(x**2)", "name": "SquareSum"}
-# symgrad-sha256: b49d4ffb63ab98b9fcd3c2343d1b2b621a2c9205a7315c8062c861997d9d01bb
+# symgrad-sha256: b8fdad36e722a1a0b3a7115c54e398dda3826fd7cc39945aa8903c18a5eb68e3
 """SquareSum: a torch.autograd.Function.
 
 f(x) = sum(x**2)
@@ -24,16 +24,9 @@ __all__ = ["SquareSum", "square_sum"]
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
 __symgrad__ = {
     "expr": "sum(x**2)",
-    "function": "SquareSum",
-    "alias": "square_sum",
     "inputs": ["x"],
-    "params": {},
     "domain": {"x": (-3.0, 3.0)},
     "outputs": ["sum"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
     "saved": ["x"],
 }
 
@@ -80,9 +73,7 @@ class _SquareSumNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
+        # Saved for backward: x (the gradient depends on it).
         (x,) = inputs
         ctx.result_elementwise_shape = torch.broadcast_shapes(x.shape)
         ctx.save_for_backward(x)
@@ -90,11 +81,8 @@ class _SquareSumNoJvp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        grad_output, x, half = _float32_for_half(grad_output, x)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad_output * 2 * x).expand(ctx.result_elementwise_shape)
-        return grad_x
+        grad_output, x, _ = _float32_for_half(grad_output, x)
+        return (grad_output * 2 * x).expand(ctx.result_elementwise_shape)
 
 
 class SquareSum(_SquareSumNoJvp):
@@ -113,8 +101,7 @@ class SquareSum(_SquareSumNoJvp):
     def jvp(ctx, x_tangent):
         (x,) = ctx.saved_tensors
         x_tangent, x, half = _float32_for_half(x_tangent, x)
-        result_tangent = (x_tangent * 2 * x).expand(ctx.result_elementwise_shape).sum()
-        return _round_to(half, result_tangent)
+        return _round_to(half, (x_tangent * 2 * x).expand(ctx.result_elementwise_shape).sum())
 
 
 # Function.apply binds each call's arguments to forward's signature, and inspect.signature

@@ -3,7 +3,7 @@
 #     symgrad 'tanh(x)' --name TanhFused --fuse
 # symgrad-templates: 6433ed60c2f3900e
 # symgrad-spec: {"expr": "tanh(x)", "fuse": true, "name": "TanhFused"}
-# symgrad-sha256: 8c5b728e6be2ab9fa0873eb7d5965d64a0d1891c35fd6a99e6cc37ec3f4ba9db
+# symgrad-sha256: 3d55b801b0df0eb7a24c54420bd92b3d5fe247d674f5460b1fa24bc098ba111d
 """TanhFused: a fused torch.autograd.Function.
 
 f(x) = tanh(x)
@@ -39,20 +39,7 @@ import torch
 __all__ = ["TanhFused", "tanh_fused"]
 
 # What tests and tools need to know: inputs, params with sample values, sampling domain.
-__symgrad__ = {
-    "expr": "tanh(x)",
-    "function": "TanhFused",
-    "alias": "tanh_fused",
-    "inputs": ["x"],
-    "params": {},
-    "domain": {"x": (-3.0, 3.0)},
-    "outputs": ["elementwise"],
-    "nondifferentiable": [],
-    "surrogate": {},
-    "inplace": False,
-    "save": "memory",
-    "saved": ["x"],
-}
+__symgrad__ = {"expr": "tanh(x)", "inputs": ["x"], "domain": {"x": (-3.0, 3.0)}, "saved": ["x"]}
 
 # Compiled versions of the pure functions below, made on first use.
 _COMPILED = {}
@@ -166,7 +153,7 @@ def _tanh_fused_forward(x):
 
 
 def _tanh_fused_backward(grad_output, x, needs_input_grad):
-    grad_output, x, half = _float32_for_half(grad_output, x)
+    grad_output, x, _ = _float32_for_half(grad_output, x)
     grad_x = None
     if needs_input_grad[0]:
         t0 = 2 * x
@@ -179,8 +166,7 @@ def _tanh_fused_jvp(x_tangent, x):
     x_tangent, x, half = _float32_for_half(x_tangent, x)
     t2 = 2 * x
     t3 = _sigmoid(torch.where(x > 0, -t2, t2))
-    result_tangent = x_tangent * 4 * t3 * (1 - t3)
-    return _round_to(half, result_tangent)
+    return _round_to(half, x_tangent * 4 * t3 * (1 - t3))
 
 
 class _TanhFusedNoJvp(torch.autograd.Function):
@@ -194,11 +180,8 @@ class _TanhFusedNoJvp(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        # Saved for backward: x (the gradient depends on it). That is 1 tensor: 4 bytes per
-        # element of the output in float32. No forward intermediate is saved, so double backward
-        # stays exact.
-        (x,) = inputs
-        ctx.save_for_backward(x)
+        # Saved for backward: x (the gradient depends on it).
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -216,8 +199,7 @@ class TanhFused(_TanhFusedNoJvp):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _TanhFusedNoJvp.setup_context(ctx, inputs, output)
-        (x,) = inputs
-        ctx.save_for_forward(x)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def jvp(ctx, x_tangent):

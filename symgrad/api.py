@@ -34,6 +34,7 @@ def build_spec(
     inplace: bool = False,
     save: str = "memory",
     fuse: bool = False,
+    fast: bool = False,
     templates: str | None = None,
 ) -> Spec:
     """Validate Python-API arguments into a :class:`Spec`, the record of one function.
@@ -66,6 +67,7 @@ def build_spec(
         inplace=bool(inplace),
         save=save,
         fuse=bool(fuse),
+        fast=bool(fast),
         templates=templates,
     )
 
@@ -136,12 +138,12 @@ def generate_source(
         inputs: differentiable inputs in order (default: free symbols by name, minus params).
         params: non-differentiable values passed after the inputs.
         **options: ``domain`` ({name: (low, high)}), ``grads`` ({input: expr}),
-            ``inplace``, ``save``, ``fuse``, ``templates``.
+            ``inplace``, ``save``, ``fuse``, ``fast``, ``templates``.
 
     Raises:
         SymgradError: for any bad input, with the message the CLI prints.
     """
-    known = {"domain", "grads", "inplace", "save", "fuse", "templates"}
+    known = {"domain", "grads", "inplace", "save", "fuse", "fast", "templates"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise SymgradError(f"unknown option {unknown[0]!r}; expected one of {', '.join(sorted(known))}")

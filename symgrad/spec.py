@@ -40,6 +40,8 @@ class Spec:
         inplace: generate a variant that overwrites its (single) input.
         save: ``"memory"`` saves as few bytes as possible; ``"speed"`` may save more.
         fuse: run forward and backward bodies through ``torch.compile``.
+        fast: eager bodies reuse their temporaries' buffers in place and add a sum's
+            products with one kernel each (addcmul), instead of plain out-of-place code.
         templates: a directory of templates overriding the built-in ones.
     """
 
@@ -52,6 +54,7 @@ class Spec:
     inplace: bool = False
     save: str = "memory"
     fuse: bool = False
+    fast: bool = False
     templates: str | None = None
 
     def to_json(self) -> str:
@@ -92,6 +95,7 @@ class Spec:
                 inplace=bool(data.get("inplace", False)),
                 save=str(data.get("save", "memory")),
                 fuse=bool(data.get("fuse", False)),
+                fast=bool(data.get("fast", False)),
                 templates=data.get("templates"),
             )
         except KeyError as exc:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from symgrad.plan.docs import metadata_of
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
 
@@ -68,7 +69,7 @@ def test_every_expression_has_a_baseline_with_the_same_values(bench, default_mod
     assert {e[0] for e in bench.EXPRESSIONS} == set(bench.BASELINES)
     for module in default_modules.values():
         xs = [x.detach().double() for x in bench.make_inputs(torch, module, 64, "cpu")]
-        want = getattr(module, module.__symgrad__["alias"])(*xs)
+        want = getattr(module, metadata_of(module)["alias"])(*xs)
         torch.testing.assert_close(bench.baseline(torch, module)(*xs), want, rtol=1e-12, atol=1e-12)
 
 
@@ -111,7 +112,7 @@ def test_default_plan_saves_the_floor_on_every_benchmark_expression(bench, defau
     """The saved-bytes target is measured against this floor: the default plan (its list
     of saved tensors; bench.py measures the bytes) reaches it."""
     for name, module in default_modules.items():
-        assert len(module.__symgrad__["saved"]) == bench.saved_floor_tensors(module.__symgrad__), name
+        assert len(metadata_of(module)["saved"]) == bench.saved_floor_tensors(metadata_of(module)), name
 
 
 def test_ab_compares_two_folders_of_modules(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from symgrad import Spec, generate_source
+from symgrad import Spec, SymgradError, generate_source
 from symgrad.cli.config import load_targets
 from symgrad.codegen.render import builtin_template_dir
 from symgrad.codegen.write import read_spec
@@ -288,3 +288,17 @@ def test_config_paths_are_relative_to_the_file(tmp_path):
     targets = load_targets(tmp_path / "pyproject.toml")
     assert [t.path for t in targets] == [tmp_path / p for p in SPECS]
     assert [t.spec for t in targets] == list(SPECS.values())
+
+
+def test_fast_is_a_table_default_and_a_function_key(tmp_path):
+    """`fast = true` in [tool.symgrad] is every function's default; a function's own key wins."""
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.symgrad]\nfast = true\n"
+        "[[tool.symgrad.functions]]\nname = 'Cube'\nexpr = 'x**3'\n"
+        "[[tool.symgrad.functions]]\nname = 'Plain'\nexpr = 'x**3'\nfast = false\n"
+    )
+    cube, plain = load_targets(tmp_path / "pyproject.toml")
+    assert cube.spec.fast and not plain.spec.fast
+    (tmp_path / "pyproject.toml").write_text("[tool.symgrad]\nfast = 'yes'\n[[tool.symgrad.functions]]\nname = 'C'\nexpr = 'x'\n")
+    with pytest.raises(SymgradError, match="'fast' must be true or false"):
+        load_targets(tmp_path / "pyproject.toml")

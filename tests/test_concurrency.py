@@ -21,6 +21,7 @@ import pytest
 
 from symgrad.api import build_spec, source_for_spec
 from symgrad.codegen.write import is_hand_edited, read_spec
+from symgrad.plan.docs import metadata_of
 
 ROUNDS = 150
 WRITERS = 3
@@ -115,7 +116,7 @@ def _check_folder(out: Path, expected: dict[str, set[str]]) -> None:
         if path.stem in expected:
             assert text in expected[path.stem], f"{path.name} is not a text symgrad generates"
         module = _import(path)
-        assert module.__symgrad__["function"] in text
+        assert metadata_of(module)["function"] in text
 
 
 def test_concurrent_writers_never_leave_a_broken_file(tmp_path):

@@ -240,12 +240,12 @@ def test_one_elementwise_operation_runs_eagerly(expr, compiled, tmp_path, device
     ],
 )
 def test_operations_between_scalars_are_not_passes_over_memory(returns, scalars, eager):
-    """plan._one_elementwise_operation counts operations on full-size tensors only: an
+    """plan.one_elementwise_operation counts operations on full-size tensors only: an
     operation between 0-d tensors or numbers costs no pass over memory."""
-    from symgrad.plan import Method, _one_elementwise_operation
+    from symgrad.plan import Method, one_elementwise_operation
 
-    body = Method(("g", "x", "a", "shape"), (), returns)
-    assert _one_elementwise_operation(body, frozenset(scalars)) is eager
+    body = Method(("g", "x", "a", "shape"), (), (returns,))
+    assert one_elementwise_operation(body, frozenset(scalars)) is eager
 
 
 def _fresh_module(tmp_path, expr: str, name: str, **options):
@@ -403,7 +403,7 @@ def test_eager_operations_counts_kernels(returns, scalars, operations):
     tensors, and calls (a view or a Python int is none)."""
     from symgrad.plan import Method, eager_operations
 
-    body = Method(("g", "x", "a", "shape"), (), returns)
+    body = Method(("g", "x", "a", "shape"), (), (returns,))
     assert eager_operations(body, frozenset(scalars)) == operations
 
 

@@ -55,6 +55,7 @@ import symgrad
 from symgrad import SymgradError
 from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
 from symgrad.frontend.parse import parse_outputs
+from symgrad.plan.docs import metadata_of
 
 settings.register_profile(
     "ci",
@@ -308,7 +309,7 @@ def check_expression(text: str, directory: Path, seed: int, smooth: bool, fuse: 
 def _check_module(text: str, source: str, directory: Path, seed: int, smooth: bool) -> str:
     module = import_source(source, directory)
     try:
-        meta = module.__symgrad__
+        meta = metadata_of(module)
         fn = getattr(module, meta["alias"])
         generator = torch.Generator().manual_seed(seed)
         kinks = [] if smooth else _kink_arguments(text)

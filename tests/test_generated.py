@@ -13,6 +13,7 @@ import torch
 from torch.autograd import gradcheck, gradgradcheck
 
 from reference import evaluate
+from symgrad.plan.docs import metadata_of
 
 # Shapes that exercise broadcasting: the first input is full, later ones broadcast into it.
 SHAPES = [(3, 4), (4,), (3, 1), (1, 4)]
@@ -23,7 +24,7 @@ def sample(module, device, dtype=torch.float64, seed=0, requires_grad=True, tens
 
     Drawn on the CPU in float64 and then moved, so that every device and dtype sees the same
     numbers."""
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     generator = torch.Generator().manual_seed(seed)
     args = []
     for index, name in enumerate(meta["inputs"]):
@@ -37,8 +38,8 @@ def sample(module, device, dtype=torch.float64, seed=0, requires_grad=True, tens
 
 
 def functional(module):
-    alias = getattr(module, module.__symgrad__["alias"])
-    if module.__symgrad__["inplace"]:
+    alias = getattr(module, metadata_of(module)["alias"])
+    if metadata_of(module)["inplace"]:
         # In place on a non-leaf copy, so that gradcheck's leaves stay intact.
         return lambda first, *rest: alias(first.clone(), *rest)
     return alias
@@ -52,7 +53,7 @@ def differentiable_part(module):
     checked separately, by test_nondifferentiable_outputs_are_marked.
     """
     fn = functional(module)
-    dead = module.__symgrad__["nondifferentiable"]
+    dead = metadata_of(module)["nondifferentiable"]
     if not dead:
         return fn
     return lambda *args: tuple(o for k, o in enumerate(as_tuple(fn(*args))) if k not in dead)
@@ -63,7 +64,7 @@ def as_tuple(value):
 
 
 def test_forward_matches_independent_evaluation(module, device):
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     args = sample(module, device, requires_grad=False)
     names = meta["inputs"] + list(meta["params"])
     values = {name: np.asarray(a.detach().cpu().numpy() if torch.is_tensor(a) else a) for name, a in zip(names, args)}
@@ -78,7 +79,7 @@ def test_forward_matches_independent_evaluation(module, device):
 
 
 def test_gradcheck(module, device):
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     if meta["surrogate"]:
         pytest.skip("a surrogate gradient is not the derivative: test_surrogate_gradient checks it")
     inplace = meta["inplace"]
@@ -92,7 +93,7 @@ def test_gradcheck(module, device):
 
 
 def test_gradgradcheck(module, device):
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     if meta["surrogate"]:
         pytest.skip("a surrogate gradient is not the derivative")
     source = open(module.__file__).read()
@@ -106,7 +107,7 @@ def test_gradgradcheck(module, device):
 
 def test_surrogate_gradient(module, device):
     """A declared surrogate replaces the derivative: backward must compute exactly it."""
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     if not meta["surrogate"]:
         pytest.skip("no surrogate gradient")
     args = sample(module, device)
@@ -124,7 +125,7 @@ def test_surrogate_gradient(module, device):
 
 
 def test_tensor_params(module, device):
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     if not meta["params"]:
         pytest.skip("no params")
     as_numbers = as_tuple(functional(module)(*sample(module, device)))
@@ -180,7 +181,7 @@ def test_float16_is_the_float32_computation_rounded_once(module, device):
     whose derivatives forward returns in float32 (a float16 one overflows where the
     gradient does not)."""
     dtype = torch.float16
-    if module.__symgrad__["inplace"]:
+    if metadata_of(module)["inplace"]:
         pytest.skip("in place: forward writes its float16 input, step by step")
     half = sample(module, device, dtype=dtype, tensor_params=True)
     wide = [a.detach().float().requires_grad_(a.requires_grad) for a in half]
@@ -189,7 +190,7 @@ def test_float16_is_the_float32_computation_rounded_once(module, device):
         outputs = as_tuple(functional(module)(*args))
         live = [o for o in outputs if o.requires_grad]
         tensors = [a for a in args if a.requires_grad]
-        # (first order alone may take another path: an ATen backward kernel, symgrad.kernels)
+        # (first order alone may take another path: an ATen backward kernel, symgrad.rewrite.kernels)
         first = torch.autograd.grad([o.sum() for o in live], tensors, allow_unused=True, retain_graph=True)
         grads = torch.autograd.grad([o.sum() for o in live], tensors, allow_unused=True, create_graph=True)
         grads = [g for g in (*first, *grads) if g is not None]
@@ -198,7 +199,7 @@ def test_float16_is_the_float32_computation_rounded_once(module, device):
         second = [h for h in torch.autograd.grad(twice, tensors, allow_unused=True) if h is not None] if twice else []
         primals = [a.detach() for a in args]
         tangents = [torch.ones_like(a) for a in primals]
-        if module.__symgrad__["nondifferentiable"]:
+        if metadata_of(module)["nondifferentiable"]:
             pushed = ()  # (forward AD through a marked output: test_jacfwd_equals_jacrev's domain)
         else:
             pushed = as_tuple(torch.func.jvp(functional(module), tuple(primals), tuple(tangents))[1])
@@ -209,21 +210,21 @@ def test_float16_is_the_float32_computation_rounded_once(module, device):
 
 
 def test_nondifferentiable_outputs_are_marked(module, device):
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     outputs = as_tuple(functional(module)(*sample(module, device)))
     for index, output in enumerate(outputs):
         assert output.requires_grad == (index not in meta["nondifferentiable"])
 
 
 def _not_inplace(module):
-    if module.__symgrad__["inplace"]:
+    if metadata_of(module)["inplace"]:
         pytest.skip("torch.func transforms do not support in-place (mark_dirty) Functions")
 
 
 def test_vmap_matches_loop(module, device):
     _not_inplace(module)
     args = sample(module, device, requires_grad=False)
-    n_inputs = len(module.__symgrad__["inputs"])
+    n_inputs = len(metadata_of(module)["inputs"])
     batched = [torch.stack([a * (1 + 0.01 * k) for k in range(3)]) for a in args[:n_inputs]]
     fn = functional(module)
     in_dims = (0,) * n_inputs + (None,) * (len(args) - n_inputs)
@@ -236,7 +237,7 @@ def test_vmap_matches_loop(module, device):
 
 def test_jacfwd_equals_jacrev(module, device):
     _not_inplace(module)
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     if meta["surrogate"]:
         pytest.skip("a surrogate defines only the backward and jvp it declares")
     args = sample(module, device, requires_grad=False)
@@ -253,7 +254,7 @@ def test_hessian_equals_jacrev_of_jacrev(module, device):
     agree. (Forward-over-forward, jacfwd of jacfwd, is 0 through any Function with a custom
     jvp: README, "Known PyTorch limits".)"""
     _not_inplace(module)
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     if meta["surrogate"]:
         pytest.skip("a surrogate defines only the backward and jvp it declares")
     if "double backward (create_graph=True) is not supported" in open(module.__file__).read():
@@ -299,7 +300,7 @@ def test_forward_signature_is_set_once(module):
     ]
     assert classes
     for cls in classes:
-        if module.__symgrad__["inplace"]:
+        if metadata_of(module)["inplace"]:
             # forward(ctx, ...) without setup_context: apply binds nothing.
             assert not hasattr(cls.forward, "__signature__")
             continue

@@ -26,6 +26,7 @@ import torch
 import symgrad
 from symgrad import SymgradError
 from symgrad.frontend.parse import MAX_DEPTH, MAX_LENGTH
+from symgrad.plan.docs import metadata_of
 
 HANG_LIMIT_S = 20  # per case: a hang detector, not a performance assertion
 MEMORY_LIMIT = 4 << 30  # address space for a CLI run: refusing must not need more
@@ -269,7 +270,7 @@ def test_api_generates_correctly(text, reference, tmp_path):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-        meta = module.__symgrad__
+        meta = metadata_of(module)
         args = []
         for input_name in meta["inputs"]:
             low, high = meta["domain"][input_name]

@@ -1,4 +1,4 @@
-"""symgrad.inplace: eager bodies mutate only their own fresh temporaries, and only safely.
+"""symgrad.plan.inplace: eager bodies mutate only their own fresh temporaries, and only safely.
 
 The rules are checked on printed lines (data-driven, as the printer's own tests are); the
 generated modules run them under gradcheck, gradgradcheck, vmap, jacrev/jacfwd, forward
@@ -9,14 +9,28 @@ AD, torch.compile and every dtype in test_generated.py. Here: what those cannot 
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 from test_fuzz import import_source
 from torch.func import jacrev, vmap
 
 import symgrad
-import symgrad.plan
-from symgrad.inplace import reuse_buffers
+import symgrad.plan.bodies
+import symgrad.plan.inplace
+from symgrad.api import source_for_spec
+from symgrad.plan.docs import metadata_of
+from symgrad.plan.inplace import Reuse, reuse_buffers
+from symgrad.codegen.write import read_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def generate_fast(expr: str, name: str, **options) -> str:
+    """The module --fast generates: eager bodies reuse their temporaries' buffers."""
+    return symgrad.generate_source(expr, name, fast=True, **options)
 
 TENSORS = frozenset({"x", "y", "grad_output", "x_tangent"})
 GRADIENTS = frozenset({"grad_output", "x_tangent"})
@@ -135,13 +149,13 @@ def test_rewrite(line, expected):
 
 def _count_visits(monkeypatch) -> list:
     visited = []
-    visit = symgrad.inplace._Rewriter.visit
+    visit = symgrad.plan.inplace._Rewriter.visit
 
     def counted(self, node):
         visited.append(node)
         return visit(self, node)
 
-    monkeypatch.setattr(symgrad.inplace._Rewriter, "visit", counted)
+    monkeypatch.setattr(symgrad.plan.inplace._Rewriter, "visit", counted)
     return visited
 
 
@@ -213,10 +227,10 @@ def test_abs_keeps_an_integer_dtype():
 
 def _in_place_and_not(text: str, name: str, directory, monkeypatch, **options):
     """The module as generated, and with reuse_buffers switched off (the out-of-place code)."""
-    new = import_source(symgrad.generate_source(text, name, **options), directory)
+    new = import_source(generate_fast(text, name, **options), directory)
     with monkeypatch.context() as patch:
-        patch.setattr(symgrad.plan, "reuse_buffers", lambda lines, returns, *rest: (lines, returns))
-        old = import_source(symgrad.generate_source(text, name, **options), directory)
+        patch.setattr(symgrad.plan.bodies, "reuse_buffers_in", lambda method, *rest: Reuse(method, False, False))
+        old = import_source(generate_fast(text, name, **options), directory)
     return new, old
 
 
@@ -242,7 +256,7 @@ DTYPE_CASES = [
 def test_forward_matches_out_of_place_on_any_dtype(text, args, tmp_path, monkeypatch):
     names = tuple(sorted({"x", "y"} & set(text)))
     modules = _in_place_and_not(text, "Odd", tmp_path, monkeypatch, inputs=names)
-    new, old = (getattr(m, m.__symgrad__["alias"])(*args) for m in modules)
+    new, old = (getattr(m, metadata_of(m)["alias"])(*args) for m in modules)
     assert new.dtype == old.dtype
     torch.testing.assert_close(new, old, rtol=0, atol=0)
 
@@ -255,7 +269,7 @@ def test_backward_matches_out_of_place_with_an_integer_input(tmp_path, monkeypat
     for module in modules:
         x = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, requires_grad=True)
         y = torch.tensor([1, 2, 3])
-        getattr(module, module.__symgrad__["alias"])(x, y).sum().backward()
+        getattr(module, metadata_of(module)["alias"])(x, y).sum().backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
     torch.testing.assert_close(grads[0], torch.tensor([2.0, 1.0, 13.0], dtype=torch.float64))
@@ -263,7 +277,7 @@ def test_backward_matches_out_of_place_with_an_integer_input(tmp_path, monkeypat
 
 def test_an_integer_param_to_a_negative_power(tmp_path):
     """A tensor param may be an integer one: 2/n**2 prints as 2 * n**-2.0 (review find)."""
-    module = import_source(symgrad.generate_source("x + 2/n**2", "IntParam", params=["n"]), tmp_path)
+    module = import_source(generate_fast("x + 2/n**2", "IntParam", params=["n"]), tmp_path)
     x = torch.tensor([0.5, 1.0], requires_grad=True)
     out = module.int_param(x, torch.tensor(3))
     torch.testing.assert_close(out, x.detach() + 2 / torch.tensor(3) ** 2)
@@ -272,7 +286,7 @@ def test_an_integer_param_to_a_negative_power(tmp_path):
 
 def test_integer_inputs_keep_working(tmp_path):
     """An integer input is not written with floats: forward matches torch on int64."""
-    module = import_source(symgrad.generate_source("x**3/(1 + x**2) + 2*x*x + sin(x)*x", "IntPoly"), tmp_path)
+    module = import_source(generate_fast("x**3/(1 + x**2) + 2*x*x + sin(x)*x", "IntPoly"), tmp_path)
     x = torch.arange(-3, 4)
     expected = x**3 / (1 + x**2) + 2 * x * x + torch.sin(x) * x
     torch.testing.assert_close(module.int_poly(x), expected)
@@ -283,19 +297,19 @@ def test_numbers_made_tensors_follow_type_promotion_with_an_integer_input(tmp_pa
     the dtype eager torch gives them (float32), not the input's (a user hunt: 0.5 was cast
     to 0, so x*sigmoid(0.5*x) computed x*sigmoid(0*x), and 2.5 to 2)."""
     x = torch.arange(-3, 4)
-    swish = import_source(symgrad.generate_source("x*sigmoid(beta*x)", "IntSwish", params=["beta"]), tmp_path)
+    swish = import_source(generate_fast("x*sigmoid(beta*x)", "IntSwish", params=["beta"]), tmp_path)
     torch.testing.assert_close(swish.int_swish(x, 0.5), x * torch.sigmoid(0.5 * x))
     text = "Piecewise((x**2/2, abs(x) <= d), (d*(abs(x) - d/2), True))"
-    huber = import_source(symgrad.generate_source(text, "IntHuber", params=["d"]), tmp_path)
+    huber = import_source(generate_fast(text, "IntHuber", params=["d"]), tmp_path)
     torch.testing.assert_close(huber.int_huber(x, 1.5), torch.where(x.abs() <= 1.5, x**2 / 2, 1.5 * (x.abs() - 0.75)))
-    scaled = import_source(symgrad.generate_source("sin(x)*Piecewise((2.5, x > 1), (1, True))", "IntScaled"), tmp_path)
+    scaled = import_source(generate_fast("sin(x)*Piecewise((2.5, x > 1), (1, True))", "IntScaled"), tmp_path)
     torch.testing.assert_close(scaled.int_scaled(x), torch.sin(x) * torch.where(x > 1, 2.5, 1.0))
 
 
 def test_an_in_place_function_refuses_a_result_its_input_cannot_hold(tmp_path):
     """As torch.tensor([1, 2]).exp_() does: copy_ truncated exp of an int64 tensor to [2, 7]
     (a user hunt). Where the dtype holds it, the write goes ahead."""
-    module = import_source(symgrad.generate_source("exp(x)", "IntExp_", inplace=True), tmp_path)
+    module = import_source(generate_fast("exp(x)", "IntExp_", inplace=True), tmp_path)
     for x in (torch.tensor([1, 2]), torch.tensor([True, False])):
         with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
             module.int_exp_(x)
@@ -309,7 +323,7 @@ def test_an_in_place_function_refuses_a_gradient_that_reads_what_it_overwrote(tm
     new values (a wrong gradient, silently: a user hunt). Now the gradient that reads it
     raises, as torch's own a.mul_(a) does at backward; a copy, inference, and a gradient that
     does not read it go ahead (review finds)."""
-    module = import_source(symgrad.generate_source("x*y + sin(x)", "Fma_", inplace=True), tmp_path)
+    module = import_source(generate_fast("x*y + sin(x)", "Fma_", inplace=True), tmp_path)
     leaf = torch.tensor([0.5, 1.0, 2.0], requires_grad=True)
     message = r"y shares memory with the input this in-place function overwrote, .* \(y.clone\(\)\)"
     for second in (lambda a: a, lambda a: a[:], lambda a: a.detach()):  # itself, a view, detached
@@ -334,7 +348,7 @@ def test_an_in_place_function_refuses_a_gradient_that_reads_what_it_overwrote(tm
     y = leaf * 1
     (grad,) = torch.autograd.grad(module.fma_(y.detach(), y).sum(), leaf)
     torch.testing.assert_close(grad, leaf.detach())
-    shift = import_source(symgrad.generate_source("exp(x) + y", "Shift_", inplace=True), tmp_path)
+    shift = import_source(generate_fast("exp(x) + y", "Shift_", inplace=True), tmp_path)
     c = leaf * 1
     (grad,) = torch.autograd.grad(shift.shift_(c, c).sum(), leaf)  # backward reads no y
     torch.testing.assert_close(grad, torch.exp(leaf.detach()) + 1)
@@ -343,7 +357,7 @@ def test_an_in_place_function_refuses_a_gradient_that_reads_what_it_overwrote(tm
 def test_mixed_dtypes_and_broadcasting_keep_working(tmp_path):
     """float16 and float64 inputs of different shapes: the same values as out of place."""
     text = "exp(-x)*log(1 + y**2)*y + x*y/(1 + y**2)"
-    module = import_source(symgrad.generate_source(text, "MixedInputs"), tmp_path)
+    module = import_source(generate_fast(text, "MixedInputs"), tmp_path)
     x = torch.linspace(-1, 1, 3, dtype=torch.float16).reshape(3, 1).requires_grad_()
     y = torch.linspace(-2, 2, 4, dtype=torch.float64).requires_grad_()
     out = module.mixed_inputs(x, y)
@@ -358,7 +372,7 @@ def test_mixed_dtypes_and_broadcasting_keep_working(tmp_path):
 
 def test_batched_upstream_gradient_and_unbatched_inputs(tmp_path):
     """jacrev batches only the upstream gradient; vmap over one input batches only that one."""
-    source = symgrad.generate_source("(x*y + 1)*y*sin(x) + x/(1 + y**2)", "Batched", inputs=("x", "y"))
+    source = generate_fast("(x*y + 1)*y*sin(x) + x/(1 + y**2)", "Batched", inputs=("x", "y"))
     module = import_source(source, tmp_path)
     x = torch.linspace(-1, 1, 5, dtype=torch.float64)
     y = torch.linspace(0.5, 2, 5, dtype=torch.float64)
@@ -379,7 +393,7 @@ def test_torch_compile_twin_runs_the_forward_out_of_place(module):
     in torch 2.11 gave zero gradients through some in-place forwards (SqrtInverse, GELU,
     Mish; found on a GPU machine). The eager class keeps the in-place forward, with the
     same values."""
-    meta = module.__symgrad__
+    meta = metadata_of(module)
     if meta["inplace"]:
         pytest.skip("an --inplace Function writes its input: torch.compile's twin does not apply")
     import inspect
@@ -400,26 +414,42 @@ def test_torch_compile_twin_runs_the_forward_out_of_place(module):
         torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
 
 
-def test_eager_classes_keep_the_in_place_forward():
-    """The twin's out-of-place forward must not replace the eager one: buffer reuse is
-    what makes the eager forward faster (tests/test_speed.py measures the passes)."""
-    from conftest import generated_names, load
+def test_eager_classes_keep_the_in_place_forward(tmp_path):
+    """Under --fast, the twin's out-of-place forward must not replace the eager one: buffer
+    reuse is what makes the eager forward faster (tests/test_speed.py measures the passes)."""
+    for stem in ("sqrt_inverse", "gelu", "sinc"):
+        spec = dataclasses.replace(read_spec((ROOT / "generated" / f"{stem}.py").read_text()), fast=True)
+        module = import_source(source_for_spec(spec), tmp_path)
+        assert "forward" in vars(getattr(module, spec.name)), stem
 
-    overridden = []
-    for name in generated_names():
-        module = load(name)
-        if "forward" in vars(getattr(module, module.__symgrad__["function"])):
-            overridden.append(name)
-    assert {"sqrt_inverse", "gelu", "sinc"} <= set(overridden), overridden
+
+def test_default_bodies_are_out_of_place():
+    """Without --fast the generated modules write no temporary in place and fuse no sum's
+    terms: plain arithmetic, readable against the docstring's derivatives."""
+    for path in sorted((ROOT / "generated").glob("*.py")):
+        source = path.read_text()
+        spec = read_spec(source) if "symgrad-spec" in source else None
+        if spec is None or spec.inplace:
+            continue
+        for fragment in (".addcmul(", ".addcdiv(", "alpha=", ".add_(", ".mul_(t", ".sub_(", ".div_("):
+            assert fragment not in source, (path.name, fragment)
+
+
+def test_fast_is_recorded_and_rebuilt():
+    """--fast is part of the header's spec, so `symgrad regen` and `symgrad check` rebuild it."""
+    source = generate_fast("x*exp(x) + sin(x)", "FastFused")
+    assert '"fast": true' in source.splitlines()[4]
+    assert source_for_spec(read_spec(source)) == source
+    assert source != symgrad.generate_source("x*exp(x) + sin(x)", "FastFused")
 
 
 def test_docstring_names_only_what_the_rewrite_wrote():
     """1/x + x's bodies gain torch.reciprocal and no in-place op: the docstring does not
     describe in-place methods (review find: it did, whenever a body changed at all)."""
-    source = symgrad.generate_source("1/x + x", "Recip")
+    source = generate_fast("1/x + x", "Recip")
     assert "torch.reciprocal(x)" in source
     assert "In-place methods" not in source and "addcmul" not in source
-    sinc = symgrad.generate_source("sin(x)/x", "Sinc")  # Horner's chain: in place, no fused sum
+    sinc = generate_fast("sin(x)/x", "Sinc")  # Horner's chain: in place, no fused sum
     assert "In-place methods" in sinc and "A sum's product and quotient terms" not in sinc
-    fused = symgrad.generate_source("x*exp(x) + sin(x)", "Fused")
+    fused = generate_fast("x*exp(x) + sin(x)", "Fused")
     assert "In-place methods" in fused and "A sum's product and quotient terms" in fused and ".addcmul(" in fused

@@ -17,11 +17,11 @@ import sympy
 import torch
 
 from symgrad.errors import SymgradError
+from symgrad.codegen.printer import HELPERS, PRINTERS, print_torch
 from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
-from symgrad.inplace import reuse_buffers
 from symgrad.math import functions as sf
 from symgrad.math import series as taylor
-from symgrad.codegen.printer import HELPERS, PRINTERS, print_torch
+from symgrad.plan.inplace import reuse_buffers
 from symgrad.rewrite.engine import stabilize
 
 X, Y = sympy.symbols("x y", real=True)
@@ -425,3 +425,27 @@ def test_a_last_branch_guard_selects_with_the_earlier_condition_itself():
     for point, want in [(-1.0, -1.0), (0.5, 0.5), (2.0, 2.0), (3.0, 2.0)]:
         _, result, _, _ = run(expr, point)
         assert result.item() == want
+
+
+HELPER_CASES = [
+    # (expression, compiled, promote): the helpers the printed code calls
+    (sf.mish(sympy.Symbol("x", real=True)), False, False),
+    (sf.log_ndtr(sympy.Symbol("x", real=True)), False, False),
+    (sf.erfcx(sympy.Symbol("x", real=True)) + sf.silu(sympy.Symbol("x", real=True)), False, False),
+    (sf.sigmoid(sympy.Symbol("x", real=True)), True, False),
+    (sf.sigmoid(sympy.Symbol("x", real=True)), False, False),
+    (sympy.Piecewise((2.5, sympy.Symbol("x", real=True) > 1), (1, True)), False, True),
+    (sympy.Piecewise((2.5, sympy.Symbol("x", real=True) > 1), (1, True)), False, False),
+    (sympy.exp(sympy.Symbol("x", real=True)) * sympy.Symbol("x", real=True), False, False),
+]
+
+
+@pytest.mark.parametrize("expr, compiled, promote", HELPER_CASES, ids=[str(c) for c in HELPER_CASES])
+def test_helpers_used_are_the_helpers_printed(expr, compiled, promote):
+    """printer.helpers_used reads from the SymPy tree exactly the HELPERS the printed code calls."""
+    from symgrad.codegen.printer import helpers_used
+
+    x = sympy.Symbol("x", real=True)
+    code = print_torch(expr, {x: "x"}, "x", compiled=compiled, promote=promote)
+    printed = {name for name in HELPERS if re.search(rf"\b{name}\(", code)}
+    assert helpers_used(expr, "x", compiled=compiled, promote=promote) == printed

@@ -509,14 +509,14 @@ def test_fused_template_whose_runner_takes_no_operations_is_refused(parameters, 
 
 
 def test_template_with_an_in_place_compile_twin_is_refused(cli, tmp_path):
-    """A custom function.py.jinja that gives the torch.compile twin the in-place forward
+    """A custom function.py.jinja that gives the torch.compile twin --fast's in-place forward
     (plan.forward, not plan.compiled_forward) brings back torch 2.11's zero gradients."""
     folder = custom_templates(tmp_path / "old", "in-place twin")
     text = (folder / "_macros.jinja").read_text()
     assert '{{ static("forward", plan.compiled_forward or plan.forward) }}' in text
     (folder / "_macros.jinja").write_text(text.replace("plan.compiled_forward or plan.forward", "plan.forward"))
     assert_error(
-        cli("x/2*(1+erf(x/sqrt(2)))", "--name", "GELU", "--templates", "old"),
+        cli("x/2*(1+erf(x/sqrt(2)))", "--name", "GELU", "--fast", "--templates", "old"),
         "template 'function.py.jinja' does not give _GELUNoJvp the out-of-place forward",
     )
     assert not (tmp_path / "generated" / "gelu.py").exists()

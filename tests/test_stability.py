@@ -37,6 +37,7 @@ from symgrad.rewrite import engine, exp_log, piecewise, removable, roots, sums, 
 from symgrad.rewrite.engine import stabilize
 
 from conftest import compiled_at_every_size
+from symgrad.plan.docs import metadata_of
 
 mp = mpmath.mp
 DPS = 50
@@ -682,7 +683,7 @@ def gen_dir(tmp_path_factory):
 
 
 def apply(module, *args):
-    return getattr(module, module.__symgrad__["alias"])(*args)
+    return getattr(module, metadata_of(module)["alias"])(*args)
 
 
 def _exec_module(source: str, label: str) -> dict:
@@ -889,7 +890,7 @@ def _assert_at_least_as_accurate(case, module, dtype, device, slack_ulps=4):
     assert not worse, f"{case.name} ({dtype}) is less accurate than torch at {worse}"
 
 
-# Modules whose first-order backward calls an ATen kernel (symgrad.kernels) while autograd
+# Modules whose first-order backward calls an ATen kernel (symgrad.rewrite.kernels) while autograd
 # does not record, and the formula under create_graph=True.
 FIRST_ORDER_KERNEL_CASES = [c for c in CASES if c.name in ("softplus", "silu", "silu_simplified", "sigmoid", "tanh", "mish")]
 
@@ -2187,7 +2188,7 @@ def test_sigmoid_backward_is_accurate_in_float32_from_two_sigmoids(gen_dir, devi
     assert "torch.cosh" not in Path(module.__file__).read_text()
     points = [-80.0, -40.0, -20.0, -1e-3, 0.0, 1e-3, 3.0, 20.0, 40.0, 80.0]
     x = torch.tensor(points, device=device, requires_grad=True)
-    (grad,) = torch.autograd.grad(module.__dict__[module.__symgrad__["alias"]](x).sum(), x)
+    (grad,) = torch.autograd.grad(module.__dict__[metadata_of(module)["alias"]](x).sum(), x)
     for p, value in zip(points, grad.tolist()):
         with mpmath.workdps(50):
             want = mpmath.exp(-abs(mpmath.mpf(p))) / (1 + mpmath.exp(-abs(mpmath.mpf(p)))) ** 2
@@ -2453,7 +2454,7 @@ def test_fused_speed_second_derivatives_match_exact_math_everywhere(name, dtype,
     derivative row), in a form checked in float arithmetic (derive.finite_where_the_math_is)."""
     case = next(c for c in CASES if c.name == name)
     module = load(case, gen_dir, save="speed", fuse=True)
-    assert "dresult_dx" in module.__symgrad__["saved"]
+    assert "dresult_dx" in metadata_of(module)["saved"]
     bad = _second_derivative_errors(case, module, dtype, device, exact_beyond=math.inf)
     assert not bad, f"{name} ({dtype}): second derivative off at {bad}"
 
@@ -2463,13 +2464,13 @@ def test_fused_speed_sigmoid_returns_its_derivative_from_one_sigmoid(gen_dir):
     derivative s*(1 - s): one sigmoid for forward and backward together."""
     case = next(c for c in CASES if c.name == "sigmoid")
     fused = load(case, gen_dir, save="speed", fuse=True)
-    assert fused.__symgrad__["saved"] == ["x", "dresult_dx"]
+    assert metadata_of(fused)["saved"] == ["x", "dresult_dx"]
     source = Path(fused.__file__).read_text()
     body = source[source.index("def _stable_sigmoid_speed_fused_forward") :].split("\n\n\n")[0]
     assert body.count("_sigmoid(") == 1, body
     assert "sigmoid(u) = 1 - s if u > 0 else s, with s = sigmoid(-|u|)" in source
     # Not in eager bodies, where the where and 1 - s are passes over memory of their own.
-    assert load(case, gen_dir, save="speed").__symgrad__["saved"] == ["x"]
+    assert metadata_of(load(case, gen_dir, save="speed"))["saved"] == ["x"]
 
 
 def test_second_derivative_probe_rejects_forms_that_fail_in_float_arithmetic():

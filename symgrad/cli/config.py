@@ -12,7 +12,7 @@
     params = ["alpha"]
     domain = { x = [0.1, 10] }         # like --domain x=0.1:10
     grad = { x = "1" }                 # like --grad x=1 (a surrogate gradient)
-    # also: inputs = ["x", "y"], inplace = true, save = "speed", fuse = true, out = "...", templates = "..."
+    # also: inputs = ["x", "y"], inplace = true, save = "speed", fuse = true, fast = true, out = "...", templates = "..."
 
 ``symgrad build`` turns each entry into the same :class:`~symgrad.spec.Spec` that the
 equivalent ``symgrad EXPR --name NAME ...`` command records, so every file it writes is an
@@ -39,8 +39,8 @@ else:  # pragma: no cover - Python 3.10 needs the tomli backport for `symgrad bu
     except ImportError:
         tomllib = None
 
-TABLE_KEYS = ("out", "templates", "functions")
-FUNCTION_KEYS = ("name", "expr", "inputs", "params", "domain", "grad", "inplace", "save", "fuse", "out", "templates")
+TABLE_KEYS = ("out", "templates", "fast", "functions")
+FUNCTION_KEYS = ("name", "expr", "inputs", "params", "domain", "grad", "inplace", "save", "fuse", "fast", "out", "templates")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ def load_targets(config: str | Path) -> list[Target]:
     if not functions:
         raise SymgradError(f"{path}: [tool.symgrad] declares no [[tool.symgrad.functions]]")
     defaults = {key: _string(table, key, f"{path}: [tool.symgrad]") for key in ("out", "templates")}
+    # (`fast = true` in [tool.symgrad] is every function's default)
+    defaults["fast"] = _bool(table, "fast", f"{path}: [tool.symgrad]")
     targets = [_target(entry, index, path, base, defaults) for index, entry in enumerate(functions, 1)]
     _check_unique(targets, path)
     return targets
@@ -99,7 +101,7 @@ def _read_table(path: Path) -> dict[str, Any]:
     return table
 
 
-def _target(entry: dict[str, Any], index: int, path: Path, base: Path, defaults: dict[str, str | None]) -> Target:
+def _target(entry: dict[str, Any], index: int, path: Path, base: Path, defaults: dict[str, Any]) -> Target:
     where = f"{path}: [[tool.symgrad.functions]] #{index}"
     if isinstance(entry.get("name"), str):
         where += f" ({entry['name']})"
@@ -120,6 +122,7 @@ def _target(entry: dict[str, Any], index: int, path: Path, base: Path, defaults:
         inplace=_bool(entry, "inplace", where),
         save=_string(entry, "save", where) or "memory",
         fuse=_bool(entry, "fuse", where),
+        fast=_bool(entry, "fast", where) if "fast" in entry else defaults["fast"],
     )
     try:
         spec = build_spec(

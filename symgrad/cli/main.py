@@ -53,6 +53,9 @@ def _generate_parser() -> argparse.ArgumentParser:
                         " also returns the derivatives and backward only multiplies")
     parser.add_argument("--fuse", action="store_true",
                         help="run forward/backward/jvp bodies through torch.compile (compiled on first use)")
+    parser.add_argument("--fast", action="store_true",
+                        help="eager bodies update their own temporaries in place and use addcmul"
+                        " (4-15%% faster on CPU at 1e7 elements; default: plain out-of-place code)")
     parser.add_argument("--templates", metavar="DIR", help="use the templates in DIR instead of the built-in ones")
     parser.add_argument("--stdout", action="store_true", help="print the module instead of writing it")
     parser.add_argument("--force", action="store_true", help="overwrite a file that was edited by hand")
@@ -182,6 +185,7 @@ def _generate(options: argparse.Namespace) -> int:
         inplace=options.inplace,
         save=options.save,
         fuse=options.fuse,
+        fast=options.fast,
         templates=templates,
     )
     if options.stdout:

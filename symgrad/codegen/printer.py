@@ -109,7 +109,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     sympy.gamma: _gamma,
     sympy.loggamma: _call("torch.lgamma"),
     sympy.polygamma: _polygamma,
-    # symgrad.stable_functions: torch's own stable kernels. softplus's threshold (where
+    # symgrad.math.functions: torch's own stable kernels. softplus's threshold (where
     # it returns x itself) is raised from 20 to 40, where exp(-x) is below float64's
     # rounding of x; below it, log1p(exp(x)) cannot overflow in float32.
     softplus: lambda args: f"torch.nn.functional.softplus({args[0]}, threshold=40.0)",
@@ -437,3 +437,121 @@ def print_torch(
     tensor, so a number made a tensor takes the helper ``_dtype_with`` of it, not its dtype.
     """
     return TorchPrinter(names, reference, compiled, promote).doprint(numbers_to_floats(expr))
+
+
+# The module-level helpers (HELPERS) that PRINTERS' entries call, by function class.
+PRINTER_HELPERS: dict[type, str] = {
+    mish: "_floating",
+    silu: "_floating",
+    log_sigmoid: "_floating",
+    log_ndtr: "_log_ndtr",
+    erfcx: "_erfcx",
+}
+
+
+def helpers_used(
+    expr: sympy.Basic, reference: str | None = None, compiled: bool = False, promote: bool = False
+) -> frozenset[str]:
+    """The module-level helpers (HELPERS) that ``print_torch(expr, ..., reference, compiled,
+    promote)`` calls, read from the SymPy tree and the printer's tables: PRINTER_HELPERS,
+    COMPILED_CALLS under ``compiled``, and ``_dtype_with`` where a Piecewise of number
+    branches is made a tensor beside an input (``promote``)."""
+    return _helpers_in(numbers_to_floats(expr), reference, compiled, promote)
+
+
+def _helpers_in(expr: sympy.Basic, reference: str | None, compiled: bool, promote: bool) -> frozenset[str]:
+    found: set[str] = set()
+    for node in sympy.preorder_traversal(expr):
+        kind = type(node)
+        if getattr(kind, "expanded", None) is not None and getattr(kind, "torch_code", None) is not None:
+            # (A generated family prints its expansion: read that too.)
+            try:
+                expansion = kind.expanded(*node.args)
+            except NotImplementedError:
+                expansion = None
+            if expansion is not None:
+                found |= _helpers_in(numbers_to_floats(expansion), reference, compiled, promote)
+        if compiled and kind in COMPILED_CALLS:
+            found.add(COMPILED_CALLS[kind])
+        elif kind in PRINTER_HELPERS:
+            found.add(PRINTER_HELPERS[kind])
+        if isinstance(node, sympy.Piecewise) and reference is not None and promote and _number_branches(node):
+            found.add("_dtype_with")
+    return frozenset(found)
+
+
+def _number_branches(expr: sympy.Piecewise) -> bool:
+    """Whether TorchPrinter._print_Piecewise makes a number branch a tensor (two number
+    branches meet in one torch.where)."""
+    *branches, (otherwise, _) = expr.args
+    inner_is_number = otherwise.is_number
+    for value, _ in reversed(branches):
+        if value.is_number and inner_is_number:
+            return True
+        inner_is_number = False
+    return False
+
+
+def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
+    """Constant subexpressions other than integers become 17-digit Floats, except in
+    exponents (``x**(1/3)`` stays a root).
+
+    A Python float follows the tensors' dtype and device, while ``torch.sqrt(10)`` would
+    be a TypeError. Like ``sympy.nfloat(exponent=False)``, which fails on And/Or conditions.
+    """
+    if isinstance(expr, sympy.Expr) and expr.is_number and not expr.is_Integer and not expr.is_Float:
+        value = expr.evalf(17)
+        try:
+            return sympy.Float(value, 17)
+        except (TypeError, ValueError):
+            if value.has(sympy.I):
+                # (-1)**(1/3) would print as Python code that makes a complex number.
+                raise SymgradError(
+                    f"the constant {expr} has a complex value, and symgrad works over the real numbers"
+                ) from None
+            return expr  # zoo or nan: printed as nan
+    if expr.is_Atom or not expr.args:
+        return expr
+    if expr.is_Pow:
+        exponent = expr.exp if expr.exp.is_Rational else numbers_to_floats(expr.exp)
+        return sympy.Pow(numbers_to_floats(expr.base), exponent)
+    args = tuple(numbers_to_floats(a) for a in expr.args)
+    if args == expr.args:
+        return _without_unit_coefficient(expr)
+    try:
+        return _without_unit_coefficient(expr.func(*args))
+    except ValueError:
+        # Min/Max of an argument that SymPy finds not real once its constants are floats
+        # (asin(x**2 + 3.14...) is complex for every x; found by fuzz campaign 43).
+        unreal = [a for a in args if isinstance(a, sympy.Expr) and a.is_extended_real is False]
+        if isinstance(expr, (sympy.Min, sympy.Max)) and unreal:
+            raise SymgradError(
+                f"{type(expr).__name__} compares {unreal[0]}, which is not a real number for any input"
+            ) from None
+        raise
+
+
+def _without_unit_coefficient(expr: sympy.Basic) -> sympy.Basic:
+    """``1.0*x*f(x)`` as ``x*f(x)`` (``-1.0*...`` as ``-...``), where ``f`` certainly makes the
+    product floating: SymPy keeps a Float coefficient of 1, which would print, and run, as a
+    multiplication (GELU written ``0.5*x*(1 + erf(x/sqrt(2)))`` is ``1.0*x*ndtr(x)`` once
+    stabilised: one kernel more in forward and in backward). Elsewhere the 1.0 stays: it is
+    what makes ``1.0*x**2`` of an integer ``x`` float32, as in eager torch (found in review)."""
+    if expr.is_Mul:
+        coefficient, rest = expr.as_coeff_Mul()
+        unit = coefficient.is_Float and abs(float(coefficient)) == 1.0  # (SymPy: Float(1) != 1)
+        if unit and any(_floating_factor(f) for f in sympy.Mul.make_args(rest)):
+            return rest if coefficient > 0 else -rest
+    return expr
+
+
+# Functions whose torch spelling keeps an integer or bool tensor's dtype.
+_DTYPE_KEEPING = (sympy.Abs, sympy.sign, sympy.floor, sympy.ceiling, sympy.Min, sympy.Max, guard, finite)
+
+
+def _floating_factor(factor: sympy.Basic) -> bool:
+    """Whether torch computes ``factor`` as a floating-point tensor whatever the inputs' dtype:
+    a transcendental function, or a power that prints with a float exponent."""
+    if isinstance(factor, sympy.Function):
+        return not isinstance(factor, _DTYPE_KEEPING)
+    return factor.is_Pow and not (factor.exp.is_Integer and factor.exp >= 0)

@@ -90,7 +90,7 @@ def derive(parsed: Parsed, costs: CostModel = CPU_COSTS) -> Derivation:
 def _with_forward_kernels(forward: tuple[sympy.Expr, ...], identities: set[str], parsed: Parsed) -> tuple[sympy.Expr, ...]:
     """Each eager forward expression with ATen's activation kernels (kernels.with_forward_kernels),
     adding the identities used. Only forward: the gradients are derived from the outputs as
-    parsed, and a backward kernel (symgrad.kernels) computes the first-order ones.
+    parsed, and a backward kernel (symgrad.rewrite.kernels) computes the first-order ones.
 
     With --save speed, only a whole output that is one kernel call of the single input:
     then a backward kernel computes its gradient. Elsewhere forward returns a derivative

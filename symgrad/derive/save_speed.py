@@ -135,7 +135,7 @@ def with_derivatives_as_outputs(derivation: Derivation) -> Derivation:
                 identities.add("sigmoid_split")
             found = whole_gradient_kernel(parsed.spec, parsed.inputs, parsed.params, _terms_reaching(derivation, j))
             if found is not None:
-                # One ATen kernel computes it in backward (symgrad.kernels): faster than
+                # One ATen kernel computes it in backward (symgrad.rewrite.kernels): faster than
                 # computing it in forward and multiplying, and nothing more is saved.
                 continue
             row = _returned_derivative_row(derivation.raw_gradients[i][j], gradient, parsed, identities, derivation.costs)

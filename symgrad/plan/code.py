@@ -1,0 +1,50 @@
+"""Small pieces of generated code that several parts of the plan build."""
+
+from __future__ import annotations
+
+import ast
+
+import sympy
+
+from .ir import Assign, If, Statement
+
+
+def unpack_target(names: list[str] | tuple[str, ...]) -> str:
+    """The target that unpacks a sequence into ``names`` (a one-tuple keeps its comma)."""
+    return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
+
+
+def sum_of_present(target: str, terms: list[tuple[str, str]], term_name: str | None) -> list[Statement]:
+    """Statements setting ``target`` to the sum of ``terms``, (a name that may be None at run
+    time, a term that uses it): each is added only where its name is not None, and
+    ``target`` stays None where none is."""
+    statements: list[Statement] = [Assign(target, "None")]
+    for n, (optional, term) in enumerate(terms):
+        statements.append(If(f"{optional} is not None", tuple(accumulate(target, term, n == 0, term_name))))
+    return statements
+
+
+def accumulate(target: str, term: str, first: bool, term_name: str | None) -> list[Statement]:
+    """Statements adding ``term`` to ``target``, which is None until a first term arrives (a
+    term may be skipped at run time: an absent gradient or tangent)."""
+    if first:
+        return [Assign(target, term)]
+    return [Assign(term_name, term), Assign(target, f"{term_name} if {target} is None else {target} + {term_name}")]
+
+
+def factor(code: str) -> str:
+    """``code`` as the right operand of ``*``: parenthesised if it is a sum or difference.
+
+    Decided on the printed text, not on the SymPy type: an unevaluated Mul(-1, 1 + u) prints
+    as ``-1 - u``.
+    """
+    top = ast.parse(code, mode="eval").body
+    if isinstance(top, (ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant, ast.Attribute, ast.Subscript)):
+        if not (isinstance(top, ast.BinOp) and isinstance(top.op, (ast.Add, ast.Sub))):
+            return code
+    return f"({code})"
+
+
+def is_one(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` is the number 1 (SymPy's ``Float(1.0) == 1`` is False)."""
+    return bool(expr.is_number) and not expr.free_symbols and float(expr) == 1.0

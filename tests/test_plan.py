@@ -1,0 +1,84 @@
+"""symgrad.plan: the plan is data, printed once; the float16 policy decides on its fields."""
+
+from __future__ import annotations
+
+import symgrad
+from symgrad.plan.ir import (
+    Assign,
+    Comment,
+    CreateGraphBranch,
+    FirstOrderBranch,
+    If,
+    Method,
+    Return,
+    Rounding,
+    Unpack,
+    Widen,
+)
+from symgrad.plan.operations import eager_operations, every_value_is_one_operation, kernels
+
+
+def test_a_method_prints_its_fields_in_order():
+    method = Method(
+        ("ctx", "grad_output"),
+        body=(Comment("why"), Assign("t0", "x * y"), If("ctx.needs_input_grad[0]", (Assign("grad_x", "t0"),))),
+        values=("grad_x", "None"),
+        unpack=Unpack(("x", "y", "a"), ("a",)),
+        widen=Widen(("grad_output", "x", "y"), "_"),
+    )
+    assert method.lines == (
+        "x, y, a = ctx.saved_tensors",
+        "if a is None:",
+        "    a = ctx.a_number",
+        "grad_output, x, y, _ = _float32_for_half(grad_output, x, y)",
+        "# why",
+        "t0 = x * y",
+        "if ctx.needs_input_grad[0]:",
+        "    grad_x = t0",
+    )
+    assert method.returns == "grad_x, None"
+    assert method.helpers == {"_float32_for_half", "_half_of"}
+
+
+def test_rounding_is_a_field_of_the_returned_values():
+    method = Method(("x", "y"), values=("x * y", "dx"), rounding=Rounding("half", count=1))
+    assert method.returns == "_round_to(half, x * y), dx"
+    own = Method(("x", "y"), values=("torch.exp(y)", "x * y"), rounding=Rounding("half", None, ("y_half", "half")))
+    assert own.returns == "_round_to(y_half, torch.exp(y)), _round_to(half, x * y)"
+    assert "_round_to" in own.helpers
+
+
+def test_branches_are_structure():
+    branch = FirstOrderBranch((Assign("grad_x", "kernel(g, x)"),), (Comment("formula"), Assign("grad_x", "g * x")))
+    assert branch.render() == ["if not torch.is_grad_enabled():", "    grad_x = kernel(g, x)", "else:", "    # formula", "    grad_x = g * x"]
+    create_graph = CreateGraphBranch((Assign("d", "F.apply(x)"), Return(("g * d",))))
+    assert create_graph.render() == ["if torch.is_grad_enabled():", "    d = F.apply(x)", "    return g * d"]
+
+
+def test_operations_are_counted_per_statement():
+    body = Method(("g", "x"), (Assign("t0", "torch.exp(x)"), If("g is not None", (Assign("r", "g * t0"),))), ("r",))
+    assert eager_operations(body) == 3  # exp, is not, *
+    assert kernels(body) == 2  # (an identity test launches nothing)
+
+
+def test_single_operation_outputs_are_not_widened():
+    """Each value one kernel (with the temporaries it reads): no float32 round trip."""
+    single = Method(("x", "y"), values=("x * y", "x + y"))
+    assert every_value_is_one_operation(single)
+    several = Method(("x", "y"), (Assign("t0", "x * y"),), ("t0 + y", "x"))
+    assert not every_value_is_one_operation(several)
+
+
+def test_widening_decides_per_output_in_generated_modules():
+    pair = symgrad.generate_source("x*y, x+y", "Pair", inputs=["x", "y"])
+    forward = pair.split("def forward(x, y):")[1].split("@staticmethod")[0]
+    assert "_float32_for_half" not in forward
+    blend = symgrad.generate_source("alpha*x*y + log(1 + y**2)*exp(-x)", "Blend", params=["alpha"])
+    assert "_float32_for_half" in blend.split("def forward(")[1].split("@staticmethod")[0]
+
+
+def test_backward_does_not_bind_an_unused_half():
+    cube = symgrad.generate_source("x**3", "Cube")
+    backward = cube.split("def backward(")[1].split("class ")[0]
+    assert "grad_output, x, _ = _float32_for_half(grad_output, x)" in backward
+    assert "half" not in backward.replace("_float32_for_half", "")
