@@ -75,3 +75,58 @@ def cli(tmp_path, monkeypatch, capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+# -- Test tiers (tests/README.md) ----------------------------------------------------------
+#
+# pyproject's addopts deselect the `slow` and `exhaustive` markers; `pytest -m ""` runs all.
+# A test parametrized over the axes below runs its whole product only in the slow tier: the
+# default tier keeps, for each combination of its other parameters (each case, each module),
+# the fewest axis combinations that still take every axis value once, rotated from one case
+# to the next so that the pairings differ between cases.
+VARIANT_AXES = ("dtype", "save", "fuse")
+
+
+def pytest_collection_modifyitems(config, items):
+    groups: dict[tuple, list] = {}
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if not any(axis in params for axis in VARIANT_AXES):
+            continue
+        others = tuple(sorted((name, _identity(value)) for name, value in params.items() if name not in VARIANT_AXES))
+        groups.setdefault((item.module.__name__, item.originalname, others), []).append(item)
+    rotation: dict[tuple, int] = {}
+    for (module, function, _), members in groups.items():
+        offset = rotation.setdefault((module, function), 0)
+        rotation[(module, function)] += 1
+        variants = [_variant(item) for item in members]
+        kept = _covering_variants(variants, offset)
+        for item, variant in zip(members, variants):
+            if variant not in kept:
+                item.add_marker(pytest.mark.slow)
+
+
+def _identity(value) -> object:
+    try:
+        hash(value)
+    except TypeError:
+        return id(value)  # (a case object: the same object throughout the parametrize list)
+    return value
+
+
+def _variant(item) -> tuple:
+    params = item.callspec.params
+    return tuple((axis, params[axis]) for axis in VARIANT_AXES if axis in params)
+
+
+def _covering_variants(variants: list[tuple], offset: int) -> set[tuple]:
+    """A few of ``variants`` that together take every value of every axis: greedily the one
+    taking the most values not yet taken, ties going to the first after ``offset``."""
+    order = variants[offset % len(variants) :] + variants[: offset % len(variants)]
+    untaken = {value for variant in variants for value in variant}
+    kept: set[tuple] = set()
+    while untaken:
+        best = max(order, key=lambda variant: len(untaken.intersection(variant)))
+        kept.add(best)
+        untaken -= set(best)
+    return kept
