@@ -710,24 +710,19 @@ def _truth_at(exact: Callable, point, dps: int):
 def truth(case: Case, point: tuple[float, ...]):
     """Exact value and gradient at ``point`` (a tuple of exactly representable floats).
 
-    A case of STORED_CASES reads them from tests/data/truths.json (tests/truths.py; a
+    A case of stored_cases() reads them from tests/data/truths.json (tests/truths.py; a
     missing point is an error, never a silent recomputation); any other case computes them.
     """
     if stored_cases().get(case.name) is case:
-        return _stored_truth(case.name, case.expr, tuple(point))
-    value, grads, _ = exact_truth(case.exact, tuple(point))
+        value, grads = _truth_store().lookup(case.name, case.expr, tuple(point))
+    else:
+        value, grads, _ = exact_truth(case.exact, tuple(point))
     return value, list(grads)
 
 
 @functools.cache
 def _truth_store() -> TruthStore:
     return TruthStore.load()
-
-
-@functools.cache
-def _stored_truth(name: str, expr: str, point: tuple[float, ...]):
-    value, grads = _truth_store().lookup(name, expr, point)
-    return value, grads
 
 
 @functools.cache

@@ -32,8 +32,11 @@ class StaleTruths(LookupError):
 
 
 def point_key(point: Sequence[float]) -> str:
-    """The store's key of a point: its coordinates' ``repr`` (exact for floats), comma-joined."""
-    return ",".join(repr(float(p)) for p in point)
+    """The store's key of a point: its coordinates' ``repr`` (exact for floats), comma-joined.
+
+    -0.0 is keyed as 0.0 (``+ 0.0``): mpmath has no signed zero, so the truths are the same,
+    and rounding -1e-30 to float16 gives -0.0."""
+    return ",".join(repr(float(p) + 0.0) for p in point)
 
 
 def parse_point(key: str) -> tuple[float, ...]:
