@@ -38,6 +38,7 @@ from symgrad.rewrite.engine import stabilize
 
 from conftest import compiled_at_every_size
 from symgrad.plan.docs import metadata_of
+from truths import TruthStore
 
 mp = mpmath.mp
 DPS = 50
@@ -711,20 +712,51 @@ def _truth_at(exact: Callable, point, dps: int):
 def truth(case: Case, point: tuple[float, ...]):
     """Exact value and gradient at ``point`` (a tuple of exactly representable floats).
 
-    The plain formula loses digits to cancellation (``log(1 + exp(-100))`` needs 61), so
-    the precision is raised until two evaluations agree to 25 digits.
+    A case of stored_cases() reads them from tests/data/truths.json (tests/truths.py; a
+    missing point is an error, never a silent recomputation); any other case computes them.
     """
-    value, grads = _exact_truth(case.exact, tuple(point))
+    if stored_cases().get(case.name) is case:
+        value, grads = _truth_store().lookup(case.name, case.expr, tuple(point))
+    else:
+        value, grads, _ = exact_truth(case.exact, tuple(point))
     return value, list(grads)
 
 
 @functools.cache
-def _exact_truth(exact: Callable, point: tuple[float, ...]):
-    """truth(), remembered per formula and point for the whole session: each test asks for
-    its points twice (points_for, then errors), and the save modes, fused variants and
-    float32 and float64 share most of them. At up to 1000 digits that was most of these
-    tests' time (the cloglog's four tests took 41-60 s each, nearly all in mpmath; about
-    20 s in all now)."""
+def _truth_store() -> TruthStore:
+    return TruthStore.load()
+
+
+@functools.cache
+def stored_cases() -> dict[str, Case]:
+    """The cases whose truths tests/data/truths.json holds, by name."""
+    cases = [*CASES, *_TAIL_VALUE_CASES]
+    by_name = {case.name: case for case in cases}
+    assert len(by_name) == len(cases), "stored cases need unique names"
+    return by_name
+
+
+def stored_points(case: Case) -> list[tuple[float, ...]]:
+    """Every point a test asks the truth of: the case's points rounded to each dtype the
+    tests run it in, where the mathematics is finite, and its float16 overflow checks."""
+    raw = case.points or ([(p,) for p in POINTS] if len(case.inputs) == 1 else PAIRS)
+    dtypes = [torch.float32, torch.float64]
+    if any(case is kernel_case for kernel_case in FIRST_ORDER_KERNEL_CASES):
+        dtypes += [torch.float16, torch.bfloat16]
+    points = {tuple(float(torch.tensor(p, dtype=dtype)) for p in point) for dtype in dtypes for point in raw}
+    points = {point for point in points if case.where(*point)}
+    points |= {(float(torch.tensor(p, dtype=torch.float16)),) for p in FLOAT16_OVERFLOWS.get(case.name, ())}
+    return sorted(points)
+
+
+@functools.cache
+def exact_truth(exact: Callable, point: tuple[float, ...]):
+    """(value, gradients, digits) of ``exact`` at ``point``, remembered for the session.
+
+    The plain formula loses digits to cancellation (``log(1 + exp(-100))`` needs 61), so
+    the precision is raised until two evaluations agree to 25 digits; ``digits`` is the
+    precision that agreed. At up to 1000 digits this is slow (the cloglog case took 17.5 s),
+    hence the store."""
     previous = None
     for dps in (60, 150, 400, 1000):
         current = _truth_at(exact, point, dps)
@@ -733,7 +765,7 @@ def _exact_truth(exact: Callable, point: tuple[float, ...]):
         ):
             break
         previous = current
-    return current[0], tuple(current[1:])
+    return current[0], tuple(current[1:]), dps
 
 
 def rel_error(got: float, want, dtype) -> float:
