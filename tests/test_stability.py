@@ -33,11 +33,11 @@ from symgrad.api import generate_source
 from symgrad.errors import SymgradError
 from symgrad.math import functions as sf
 from symgrad.math import series as taylor
+from symgrad.plan.docs import metadata_of
 from symgrad.rewrite import engine, exp_log, piecewise, removable, roots, sums, tails
 from symgrad.rewrite.engine import stabilize
 
 from conftest import compiled_at_every_size
-from symgrad.plan.docs import metadata_of
 from truths import TruthStore
 
 mp = mpmath.mp
