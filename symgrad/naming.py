@@ -35,9 +35,9 @@ _CLASS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
 # The class and its functional alias are module-level names, so neither may shadow a global
 # the module's own code reads: its imports, and the builtins its bodies and helpers call
-# (`--name Any` wrote a module whose every call raised: the float16 helpers call any();
-# found by a user-level hunt). A fixed list, not dir(builtins): `Max`, `Abs` and `Sum` work,
-# and what is refused must not depend on how Python was started.
+# (`--name Any` would write a module whose every call raises: the float16 helpers call
+# any()). A fixed list, not dir(builtins): `Max`, `Abs` and `Sum` work, and what is refused
+# must not depend on how Python was started.
 # tests/test_cli.py::test_shadowed_names_cover_what_generated_modules_read keeps it in step.
 SHADOWED = frozenset(
     {

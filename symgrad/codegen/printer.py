@@ -522,7 +522,7 @@ def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
         return _without_unit_coefficient(expr.func(*args))
     except ValueError:
         # Min/Max of an argument that SymPy finds not real once its constants are floats
-        # (asin(x**2 + 3.14...) is complex for every x; found by fuzz campaign 43).
+        # (asin(x**2 + 3.14...) is complex for every x).
         unreal = [a for a in args if isinstance(a, sympy.Expr) and a.is_extended_real is False]
         if isinstance(expr, (sympy.Min, sympy.Max)) and unreal:
             raise SymgradError(

@@ -154,8 +154,8 @@ def check_writable(path: Path, force: bool, name: str | None = None) -> str | No
     if is_hand_edited(text) and not force:
         return "it was edited by hand since symgrad wrote it (use --force to overwrite it)"
     if name is not None and spec.name != name and not force:
-        # FooBar and Foo_Bar share foo_bar.py: the second silently replaced the first, whose
-        # imports then failed (found by a user-level hunt)
+        # FooBar and Foo_Bar share foo_bar.py: the second would silently replace the first,
+        # whose importers would then fail
         return f"it holds {spec.name}, another function with the same module name (use --force to replace it)"
     return None
 
