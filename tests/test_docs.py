@@ -90,3 +90,16 @@ def test_usage_lists_every_supported_function():
     table = usage[usage.index("## Supported functions") :]
     missing = [name for name in names if not re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", table)]
     assert names and not missing, f"docs/usage.md's table lacks {missing}"
+
+
+def test_stability_lists_the_engines_rules_as_they_are():
+    """docs/stability.md's table of the rules in the engine's order is what
+    scripts/rules_table.py makes from symgrad.rewrite.engine.RULES (their places and docstrings)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import rules_table
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    page = (ROOT / "docs" / "stability.md").read_text()
+    assert rules_table.page_with_table(page) == page, "run `python scripts/rules_table.py --write`"
+    assert page.count("\n| ") > len(rules_table.RULES)  # (the table is there, one row per rule)
