@@ -439,6 +439,29 @@ def print_torch(
     return TorchPrinter(names, reference, compiled, promote).doprint(numbers_to_floats(expr))
 
 
+def prints_as_sum(expr: sympy.Basic) -> bool:
+    """Whether ``print_torch(expr, ...)`` is a sum or difference at its top (or a comparison),
+    so that as an operand of ``*`` it needs parentheses.
+
+    Decided on the expression as the printer prints it (after :func:`numbers_to_floats`,
+    which evaluates: an unevaluated ``Mul(-1, 1 + u)`` becomes the sum ``-u - 1``), by the
+    printer's own rules: products, powers, calls, names and numbers never print as a sum.
+    """
+    return _prints_as_sum(numbers_to_floats(expr))
+
+
+def _prints_as_sum(expr: sympy.Basic) -> bool:
+    if expr.is_Add or expr.is_Relational:
+        return True
+    if isinstance(expr, sympy.Function) and getattr(type(expr), "torch_code", None) is not None:
+        # A generated family prints its expansion (ExpandedFunction) or a polynomial.
+        is_sum = getattr(type(expr), "torch_code_is_sum", None)
+        if is_sum is not None:
+            return is_sum()
+        return _prints_as_sum(numbers_to_floats(type(expr).expanded(*expr.args)))
+    return False
+
+
 # The module-level helpers (HELPERS) that PRINTERS' entries call, by function class.
 PRINTER_HELPERS: dict[type, str] = {
     mish: "_floating",
