@@ -149,7 +149,7 @@ _READS_OTHER_TEXT = {
 # parse the printed expressions. Remove a module from here when it no longer does.
 _NOT_YET_ON_TREES = {
     "symgrad.plan.operations": {"ast.parse"},
-    "symgrad.plan.inplace": {"ast.parse", "ast.get_source_segment", "re"},
+    "symgrad.plan.inplace": {"ast.parse"},
 }
 
 
