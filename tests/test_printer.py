@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from symgrad.errors import SymgradError
-from symgrad.codegen.printer import HELPERS, PRINTERS, print_torch, prints_as_sum
+from symgrad.codegen.printer import HELPERS, PRINTERS, TorchPrinter, print_torch, prints_as_sum
 from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
 from symgrad.math import functions as sf
 from symgrad.math import series as taylor
@@ -496,3 +496,34 @@ def test_prints_as_sum_agrees_with_the_printed_code(expr):
     """The plan parenthesises a factor by :func:`prints_as_sum`, decided on the expression:
     it must say what the printed code is."""
     assert prints_as_sum(expr) == _parsed_top_is_sum(print_torch(expr, NAMES))
+
+
+def _parsed_is_atom(code: str) -> bool:
+    """The test's own reading: a name, a plain number, or one call of a dotted name."""
+    import ast
+
+    if code.replace("_", "a").replace(".", "a").isalnum():
+        return True
+    top = ast.parse(code, mode="eval").body
+    func = top.func if isinstance(top, ast.Call) else None
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return isinstance(func, ast.Name) and not code.startswith("(")
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        *(build(name) for name in sorted(set(FUNCTIONS) - set(REDUCTIONS))),
+        *(expr for expr, _ in EXTRA.values()),
+        *(type(made).series_at(X) for made in (stabilize(sympy.sin(X) / X), stabilize((X - sympy.sin(X)) / X**2))),
+        X, sympy.Float(0.5), sympy.Float(-0.5), sympy.Float(1e-5), sympy.Float(1e300), sympy.Integer(3),
+        sympy.nan, sympy.oo, -sympy.oo, sympy.sqrt(X), X**2, 1 / X, X + 1, -X, X < 1,
+    ],
+    ids=str,
+)
+def test_the_printer_knows_which_code_is_an_operand_as_it_is(expr):
+    """PRINTERS' entries parenthesise an argument as an operand by what the printer decided
+    on the expression (Printed.operand): it must say what the printed code is."""
+    printer = TorchPrinter(NAMES)
+    assert printer._is_atom(expr) == _parsed_is_atom(printer.doprint(expr))
