@@ -10,6 +10,8 @@ It covers generated/ (every [tool.symgrad] function, rebuilt from its recorded s
 benchmark's bodies (benchmarks/bench.py, all four variants) and the stability cases
 (tests/test_stability.py, both save modes, and fused where the tests fuse them).
 ``--jobs N`` spreads the work over N processes (deterministic output either way).
+``--fast`` generates every source with the --fast buffer-reuse pass (in-place ops and
+addcmul), which the default specs do not use: a refactor of that pass proves itself there.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ def _jobs() -> list[tuple[str, dict]]:
     return jobs
 
 
-def _digest(job: tuple[str, dict]) -> str:
+def _digest(job: tuple[str, dict], fast: bool = False) -> str:
     label, args = job
+    import dataclasses
+
     import symgrad
     from symgrad.api import source_for_spec
     from symgrad.codegen.write import read_spec
@@ -55,9 +59,10 @@ def _digest(job: tuple[str, dict]) -> str:
     try:
         if "file" in args:
             path = Path(args["file"])
-            source = source_for_spec(read_spec(path.read_text()), base_dir=path.parent)
+            spec = read_spec(path.read_text())
+            source = source_for_spec(dataclasses.replace(spec, fast=True) if fast else spec, base_dir=path.parent)
         else:
-            source = symgrad.generate_source(args.pop("expr"), args.pop("name"), **args)
+            source = symgrad.generate_source(args.pop("expr"), args.pop("name"), **({"fast": True} if fast else {}), **args)
     except Exception as error:  # a refusal is part of the output too
         return f"{label} ERROR {type(error).__name__}: {error}"
     return f"{label} {hashlib.md5(source.encode()).hexdigest()}"
@@ -67,13 +72,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--only", default="", help="a label prefix, e.g. generated/")
+    parser.add_argument("--fast", action="store_true", help="generate every source with --fast")
     args = parser.parse_args()
     jobs = [j for j in _jobs() if j[0].startswith(args.only)]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
-            lines = list(pool.map(_digest, jobs, chunksize=4))
+            lines = list(pool.map(_digest, jobs, [args.fast] * len(jobs), chunksize=4))
     else:
-        lines = [_digest(j) for j in jobs]
+        lines = [_digest(j, args.fast) for j in jobs]
     print("\n".join(lines))
     return 0
 

@@ -129,3 +129,48 @@ def test_imports_point_down_the_pipeline(name):
     upward = sorted(target for target in GRAPH[name] if _layer(target) > _layer(name))
     assert not upward, f"{name} ({LAYERS[_layer(name)][0]}) imports from a later stage: {upward}"
 
+
+
+# Issue 43's rule: no pass may parse, regex or string-match code that symgrad itself
+# generated. A decision made on printed text breaks when a spelling changes (a comment's
+# wording, black's parentheses) and hides what it depends on; the plan decides on SymPy
+# expressions and on its own structures (plan/ir.py) instead, and prints once, at the end.
+# These are the tools such a pass would reach for.
+_TEXT_READERS = {"ast.parse", "ast.get_source_segment", "re", "tokenize"}
+# Where one is used on text that symgrad did not generate, with the reason.
+_READS_OTHER_TEXT = {
+    # the package's own hand-written helpers (symgrad/runtime/helpers.py), sliced into functions
+    "symgrad.codegen.printer": {"ast.parse"},
+    # a custom template's rendered module, checked for what the template must provide: it
+    # refuses a broken template, and decides nothing in the output
+    "symgrad.codegen.render": {"ast.parse"},
+}
+# Still to move off printed text (issue 43): counting operations and the --fast rewrite
+# parse the printed expressions. Remove a module from here when it no longer does.
+_NOT_YET_ON_TREES = {
+    "symgrad.plan.operations": {"ast.parse"},
+    "symgrad.plan.inplace": {"ast.parse"},
+}
+
+
+def _text_readers(name: str) -> set[str]:
+    """The text readers (``_TEXT_READERS``) that module ``name`` imports or calls."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names} & _TEXT_READERS
+        elif isinstance(node, ast.ImportFrom) and node.module in _TEXT_READERS:
+            found.add(node.module)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if f"{node.value.id}.{node.attr}" in _TEXT_READERS:
+                found.add(f"{node.value.id}.{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith(("symgrad.plan", "symgrad.codegen"))))
+def test_no_pass_reads_generated_code(name):
+    allowed = _READS_OTHER_TEXT.get(name, set()) | _NOT_YET_ON_TREES.get(name, set())
+    used = _text_readers(name)
+    assert used <= allowed, f"{name} reads code as text with {sorted(used - allowed)}: decide on the plan's data"
+    stale = _NOT_YET_ON_TREES.get(name, set()) - used
+    assert not stale, f"{name} no longer uses {sorted(stale)}: remove it from _NOT_YET_ON_TREES"

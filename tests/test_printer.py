@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from symgrad.errors import SymgradError
-from symgrad.codegen.printer import HELPERS, PRINTERS, print_torch
+from symgrad.codegen.printer import HELPERS, PRINTERS, TorchPrinter, print_torch, prints_as_sum
 from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
 from symgrad.math import functions as sf
 from symgrad.math import series as taylor
@@ -449,3 +449,81 @@ def test_helpers_used_are_the_helpers_printed(expr, compiled, promote):
     code = print_torch(expr, {x: "x"}, "x", compiled=compiled, promote=promote)
     printed = {name for name in HELPERS if re.search(rf"\b{name}\(", code)}
     assert helpers_used(expr, "x", compiled=compiled, promote=promote) == printed
+
+
+def _parsed_top_is_sum(code: str) -> bool:
+    """The test's own reading of printed code (a test may parse it; the plan may not)."""
+    import ast
+
+    top = ast.parse(code, mode="eval").body
+    return not isinstance(top, (ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant, ast.Attribute)) or (
+        isinstance(top, ast.BinOp) and isinstance(top.op, (ast.Add, ast.Sub))
+    )
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        X + 1,
+        X - Y,
+        -X - 1,
+        sympy.Mul(-1, 1 + X, evaluate=False),  # evaluated before printing: -x - 1
+        sympy.Mul(-2, 1 + X, evaluate=False),
+        -X * (1 + Y),
+        X * Y,
+        -X,
+        -1 / X**2,
+        X**2,
+        1 / X,
+        sympy.sqrt(X),
+        sympy.Rational(-1, 2),
+        sympy.exp(X) + 1,
+        sympy.Heaviside(X),
+        sympy.Max(X, 1),
+        sympy.Piecewise((X, X > 0), (0, True)),
+        X < 1,
+        sympy.oo * -1,
+        sf.ndtr(X),
+        stabilize(sympy.sin(X) / X),
+        stabilize((X - sympy.sin(X)) / X**2),
+        *(type(made).series_at(X) for made in (stabilize(sympy.sin(X) / X), stabilize((X - sympy.sin(X)) / X**2))),
+        *(build(name) for name in sorted(set(FUNCTIONS) - set(REDUCTIONS))),
+        *(expr for expr, _ in EXTRA.values()),
+    ],
+    ids=str,
+)
+def test_prints_as_sum_agrees_with_the_printed_code(expr):
+    """The plan parenthesises a factor by :func:`prints_as_sum`, decided on the expression:
+    it must say what the printed code is."""
+    assert prints_as_sum(expr) == _parsed_top_is_sum(print_torch(expr, NAMES))
+
+
+def _parsed_is_atom(code: str) -> bool:
+    """The test's own reading: a name, a plain number, or one call of a dotted name."""
+    import ast
+
+    if code.replace("_", "a").replace(".", "a").isalnum():
+        return True
+    top = ast.parse(code, mode="eval").body
+    func = top.func if isinstance(top, ast.Call) else None
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return isinstance(func, ast.Name) and not code.startswith("(")
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        *(build(name) for name in sorted(set(FUNCTIONS) - set(REDUCTIONS))),
+        *(expr for expr, _ in EXTRA.values()),
+        *(type(made).series_at(X) for made in (stabilize(sympy.sin(X) / X), stabilize((X - sympy.sin(X)) / X**2))),
+        X, sympy.Float(0.5), sympy.Float(-0.5), sympy.Float(1e-5), sympy.Float(1e300), sympy.Integer(3),
+        sympy.nan, sympy.oo, -sympy.oo, sympy.sqrt(X), X**2, 1 / X, X + 1, -X, X < 1,
+    ],
+    ids=str,
+)
+def test_the_printer_knows_which_code_is_an_operand_as_it_is(expr):
+    """PRINTERS' entries parenthesise an argument as an operand by what the printer decided
+    on the expression (Printed.operand): it must say what the printed code is."""
+    printer = TorchPrinter(NAMES)
+    assert printer._is_atom(expr) == _parsed_is_atom(printer.doprint(expr))

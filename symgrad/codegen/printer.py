@@ -40,11 +40,18 @@ from ..math.functions import (
     xlogy,
 )
 
-Args = list[str]
+Args = list["Printed"]
+
+
+def _one_call(printer: Callable[[Args], str]) -> Callable[[Args], str]:
+    """Marks a PRINTERS entry that prints one call, ``f(...)``: an operand as it is (any
+    other entry's code is parenthesised as an operand)."""
+    printer.one_call = True  # type: ignore[attr-defined]
+    return printer
 
 
 def _call(torch_name: str) -> Callable[[Args], str]:
-    return lambda args: f"{torch_name}({', '.join(args)})"
+    return _one_call(lambda args: f"{torch_name}({', '.join(args)})")
 
 
 def _gamma(args: Args) -> str:
@@ -56,26 +63,39 @@ def _gamma(args: Args) -> str:
 
 
 def _polygamma(args: Args) -> str:
-    order = int(float(args[0]))
+    order = int(args[0].value)
     if order == 0:
         return f"torch.special.digamma({args[1]})"
     return f"torch.special.polygamma({order}, {args[1]})"
 
 
-def _hypot_excess(a: str, b: str) -> str:
+def _hypot_excess(a: "Printed", b: "Printed") -> str:
     # hypot(a, b) - b as a*((a/2)/(hypot(a, b)/2 + b/2)): stable_functions.hypot_excess
-    in_hypot = [_number_tensor(other, text) if _is_number_text(text) else text for text, other in ((a, b), (b, a))]
-    half_b = repr(float(b) / 2) if _is_number_text(b) else f"0.5 * {_as_atom(b)}"
-    a = _as_atom(a)
-    return f"{a} * (0.5 * {a} / (0.5 * torch.hypot({in_hypot[0]}, {in_hypot[1]}) + {half_b}))"
+    in_hypot = [_number_tensor(other.operand, text) if text.number else text for text, other in ((a, b), (b, a))]
+    half_b = repr(float(b.value) / 2) if b.number else f"0.5 * {b.operand}"
+    return f"{a.operand} * (0.5 * {a.operand} / (0.5 * torch.hypot({in_hypot[0]}, {in_hypot[1]}) + {half_b}))"
 
 
-def _is_number_text(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+class Printed(str):
+    """An argument's code, as PRINTERS' entries get it, with what the printer knows of it,
+    decided on the expression, never on the code: ``value``, the SymPy argument; ``atom``,
+    whether the code is a name, a plain number or one call; ``operand``, the code as an
+    operand of an operator (parenthesised unless ``atom``); ``number``, whether it is a
+    number literal."""
+
+    value: sympy.Basic
+    atom: bool
+    operand: str
+    number: bool
+
+    @classmethod
+    def of(cls, text: str, value: sympy.Basic, atom: bool, number: bool) -> "Printed":
+        printed = cls(text)
+        printed.value = value
+        printed.atom = atom
+        printed.operand = text if atom else f"({text})"
+        printed.number = number
+        return printed
 
 
 # SymPy function class -> how to print it from its printed arguments. The single table
@@ -106,34 +126,34 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     sympy.ceiling: _call("torch.ceil"),
     sympy.erf: _call("torch.special.erf"),
     sympy.erfc: _call("torch.special.erfc"),
-    sympy.gamma: _gamma,
+    sympy.gamma: _one_call(_gamma),
     sympy.loggamma: _call("torch.lgamma"),
-    sympy.polygamma: _polygamma,
+    sympy.polygamma: _one_call(_polygamma),
     # symgrad.math.functions: torch's own stable kernels. softplus's threshold (where
     # it returns x itself) is raised from 20 to 40, where exp(-x) is below float64's
     # rounding of x; below it, log1p(exp(x)) cannot overflow in float32.
-    softplus: lambda args: f"torch.nn.functional.softplus({args[0]}, threshold=40.0)",
+    softplus: _one_call(lambda args: f"torch.nn.functional.softplus({args[0]}, threshold=40.0)"),
     sigmoid: _call("torch.sigmoid"),
     # Forward bodies only (kernels.FORWARD_KERNELS): each one ATen kernel, which has no
     # integer or bool implementation, where the formula's torch.sigmoid promotes (_floating).
-    mish: lambda args: f"torch.nn.functional.mish(_floating({args[0]}))",
-    silu: lambda args: f"torch.nn.functional.silu(_floating({args[0]}))",
-    log_sigmoid: lambda args: f"torch.nn.functional.logsigmoid(_floating({args[0]}))",
+    mish: _one_call(lambda args: f"torch.nn.functional.mish(_floating({args[0]}))"),
+    silu: _one_call(lambda args: f"torch.nn.functional.silu(_floating({args[0]}))"),
+    log_sigmoid: _one_call(lambda args: f"torch.nn.functional.logsigmoid(_floating({args[0]}))"),
     # Not torch.special.ndtr: in torch 2.13 it returns 0 below about -10 (and loses all
     # accuracy near -5 in float32); erfc of the negated, scaled argument keeps both tails.
-    ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {_as_atom(args[0])})",
+    ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {args[0].operand})",
     # Module-level helpers (HELPERS): ATen has no float16 or bfloat16 CPU kernel for these.
     log_ndtr: _call("_log_ndtr"),
     erfcx: _call("_erfcx"),
     logaddexp: _call("torch.logaddexp"),
     hypot: _call("torch.hypot"),
     hypot_excess: lambda args: _hypot_excess(*args),
-    finite: lambda args: f"torch.nan_to_num({args[0]}, nan=torch.nan)",
+    finite: _one_call(lambda args: f"torch.nan_to_num({args[0]}, nan=torch.nan)"),
     # a/n kept whole (stable_functions.norm_ratio), where SymPy would merge the powers
-    norm_ratio: lambda args: f"{_as_atom(args[0])} / {_as_atom(args[1])}",
+    norm_ratio: lambda args: f"{args[0].operand} / {args[1].operand}",
     xlogy: _call("torch.xlogy"),
     # guard(x, cond, safe[, earlier]): the inner where of the "double where" (stable._guard_piecewise).
-    guard: lambda args: _guard(*args),
+    guard: _one_call(lambda args: _guard(*args)),
 }
 
 
@@ -290,26 +310,74 @@ class TorchPrinter(StrPrinter):
         raise SymgradError("the expression has a complex value here, and symgrad works over the real numbers")
 
     def _print_Function(self, expr: sympy.Function) -> str:
-        args = [self._print(arg) for arg in expr.args]
+        args = [self._printed(arg) for arg in expr.args]
         tensor_args = getattr(expr, "tensor_args", None) or _TENSOR_ARGS.get(type(expr), ())
         if tensor_args:
             # torch.hypot/logaddexp take no Python numbers: a number argument becomes a 0-d
             # tensor of another argument's dtype and device, which broadcasts like the number
             # (full_like allocated and filled a full-size tensor: one pass over memory more).
             anchor = next((args[i] for i, a in enumerate(expr.args) if not a.is_number), None)
+            # (A number tensor is an operand as it is where its anchor is a name: ``x.new_full((), 2.0)``.)
             args = [
-                _number_tensor(anchor, text) if i in tensor_args and a.is_number and anchor else text
+                (
+                    Printed.of(_number_tensor(anchor.operand, text), a, anchor.value.is_Symbol, False)
+                    if i in tensor_args and a.is_number and anchor
+                    else text
+                )
                 for i, (a, text) in enumerate(zip(expr.args, args))
             ]
         torch_code = getattr(type(expr), "torch_code", None)
         if torch_code is not None:  # generated families (stable_functions.Removable)
-            return _as_atom(torch_code(self, args, expr.args))
+            return self._function_code(expr, torch_code(self, args, expr.args))
         if self._compiled and type(expr) in COMPILED_CALLS:
             return f"{COMPILED_CALLS[type(expr)]}({', '.join(args)})"
         printer = PRINTERS.get(type(expr))
         if printer is None:
             raise SymgradError(f"symgrad cannot print {type(expr).__name__} as torch code")
-        return _as_atom(printer(args))
+        return self._function_code(expr, printer(args))
+
+    def _function_code(self, expr: sympy.Function, code: str) -> str:
+        """A function's ``code``, parenthesised unless it is one call (or a name or number):
+        the operator printers treat a function as an atom, but some print as an expression
+        (Heaviside as ``0.5 * (torch.sign(x) + 1)``, ndtr through erfc)."""
+        return code if self._function_is_atom(expr) else f"({code})"
+
+    def _function_is_atom(self, expr: sympy.Function) -> bool:
+        kind = type(expr)
+        if getattr(kind, "torch_code", None) is not None:
+            is_atom = getattr(kind, "torch_code_is_atom", None)
+            if is_atom is not None:
+                return is_atom()
+            return self._is_atom(numbers_to_floats(kind.expanded(*expr.args)))
+        if self._compiled and kind in COMPILED_CALLS:
+            return True
+        return getattr(PRINTERS.get(kind), "one_call", False)
+
+    def _printed(self, arg: sympy.Basic) -> Printed:
+        """``arg`` printed, as PRINTERS' entries take it."""
+        text = self._print(arg)
+        number = isinstance(arg, (sympy.Integer, sympy.Rational, sympy.Float))
+        return Printed.of(text, arg, self._is_atom(arg), number)
+
+    def _is_atom(self, expr: sympy.Basic) -> bool:
+        """Whether ``expr`` prints as a name, a plain number (no sign or exponent) or one call."""
+        if expr.is_Symbol:
+            # (a generated family's placeholder stands for its argument's code: ExpandedFunction)
+            name = self._names.get(expr)
+            return name.atom if isinstance(name, Printed) else True
+        if isinstance(expr, (sympy.logic.boolalg.BooleanAtom, sympy.Piecewise, sympy.ITE)):
+            return True
+        if isinstance(expr, (sympy.Integer, sympy.Rational, sympy.Float)):
+            return _plain_number(self._print(expr))
+        if expr in (sympy.nan, sympy.oo, sympy.zoo):
+            return True  # float("nan"), float("inf")
+        if expr.is_Pow:
+            return expr.exp in (sympy.S.Half, -sympy.S.Half)  # torch.sqrt(...), torch.rsqrt(...)
+        if isinstance(expr, (sympy.Min, sympy.Max)):
+            return True  # torch.maximum(...), torch.clamp(...)
+        if isinstance(expr, sympy.Function):
+            return self._function_is_atom(expr)
+        return False  # sums, products, comparisons, -inf as (-float("inf"))
 
     # StrPrinter prints Heaviside itself (as "Heaviside(x)"); every function goes through
     # PRINTERS instead.
@@ -349,7 +417,7 @@ class TorchPrinter(StrPrinter):
                     dtype = f"_dtype_with({ref}, {value_text})" if self._promote else f"{ref}.dtype"
                     value_text = f"torch.tensor({value_text}, dtype={dtype}, device={ref}.device)"
                 else:
-                    anchor = self._print(sorted(condition.free_symbols, key=str)[0])
+                    anchor = self._print(sorted(condition.free_symbols, key=str)[0])  # (a name)
                     value_text = _number_tensor(anchor, value_text)
             text = f"torch.where({self._print(condition)}, {value_text}, {text})"
             inner_is_number = False
@@ -384,41 +452,26 @@ class TorchPrinter(StrPrinter):
 
 
 def _number_tensor(anchor: str, number: str) -> str:
-    """A 0-d tensor holding ``number``, of the dtype and device of the tensor ``anchor``."""
-    return f"{_as_atom(anchor)}.new_full((), {number})"
+    """A 0-d tensor holding ``number``, of the dtype and device of the tensor ``anchor`` (an operand)."""
+    return f"{anchor}.new_full((), {number})"
 
 
-def _guard(x: str, cond: str, safe: str, earlier: str | None = None) -> str:
+def _plain_number(literal: str) -> bool:
+    """Whether a number's literal has no sign or exponent (``0.5``, ``3``, ``inf``, not
+    ``-0.5`` or ``1e-05``): an operand as it is."""
+    return literal.replace(".", "a").isalnum()
+
+
+def _guard(x: Printed, cond: Printed, safe: Printed, earlier: Printed | None = None) -> str:
     """guard(x, cond, safe, earlier): ``earlier`` negated with ``~``, which holds where it is
     nan, as the nested torch.where that selects the branch has it (SymPy's own negation of
     log(x) > 1, log(x) <= 1, does not)."""
     if earlier is not None:
-        if cond == "True":
+        if cond.value == sympy.true:
             # The same selection as where(~earlier, x, safe), without the negation's kernel.
             return f"torch.where({earlier}, {safe}, {x})"
         cond = f"({cond}) & ~({earlier})"
     return f"torch.where({cond}, {x}, {safe})"
-
-
-def _as_atom(text: str) -> str:
-    """``text`` parenthesised unless it is one call, ``f(...)``.
-
-    The operator printers treat a function as an atom, but some print as an expression
-    (Heaviside as ``0.5 * (torch.sign(x) + 1)``, ndtr through erfc): as an operand of
-    ``**`` or ``/`` those need parentheses.
-    """
-    if text.replace("_", "a").replace(".", "a").isalnum():
-        return text  # a name or a number
-    head = len(text) - len(text.lstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_."))
-    if head and text[head : head + 1] == "(" and text.endswith(")"):
-        depth = 0
-        for index, char in enumerate(text[head:], head):
-            depth += {"(": 1, ")": -1}.get(char, 0)
-            if depth == 0:
-                if index == len(text) - 1:
-                    return text
-                break
-    return f"({text})"
 
 
 def print_torch(
@@ -437,6 +490,29 @@ def print_torch(
     tensor, so a number made a tensor takes the helper ``_dtype_with`` of it, not its dtype.
     """
     return TorchPrinter(names, reference, compiled, promote).doprint(numbers_to_floats(expr))
+
+
+def prints_as_sum(expr: sympy.Basic) -> bool:
+    """Whether ``print_torch(expr, ...)`` is a sum or difference at its top (or a comparison),
+    so that as an operand of ``*`` it needs parentheses.
+
+    Decided on the expression as the printer prints it (after :func:`numbers_to_floats`,
+    which evaluates: an unevaluated ``Mul(-1, 1 + u)`` becomes the sum ``-u - 1``), by the
+    printer's own rules: products, powers, calls, names and numbers never print as a sum.
+    """
+    return _prints_as_sum(numbers_to_floats(expr))
+
+
+def _prints_as_sum(expr: sympy.Basic) -> bool:
+    if expr.is_Add or expr.is_Relational:
+        return True
+    if isinstance(expr, sympy.Function) and getattr(type(expr), "torch_code", None) is not None:
+        # A generated family prints its expansion (ExpandedFunction) or a polynomial.
+        is_sum = getattr(type(expr), "torch_code_is_sum", None)
+        if is_sum is not None:
+            return is_sum()
+        return _prints_as_sum(numbers_to_floats(type(expr).expanded(*expr.args)))
+    return False
 
 
 # The module-level helpers (HELPERS) that PRINTERS' entries call, by function class.

@@ -196,6 +196,19 @@ class TaylorPolynomial(StableFunction):
         (x,) = args
         return _polynomial_text(cls.coeffs, x)
 
+    @classmethod
+    def torch_code_is_atom(cls) -> bool:
+        """Whether :meth:`torch_code` is a plain number (degree 0, a positive literal without
+        an exponent): an operand without parentheses."""
+        nonzero = [n for n, c in enumerate(cls.coeffs) if c]
+        return nonzero == [0] and cls.coeffs[0] > 0 and "e" not in repr(cls.coeffs[0])
+
+    @classmethod
+    def torch_code_is_sum(cls) -> bool:
+        """Whether :meth:`torch_code` is a sum at its top: Horner's scheme adds ``c0`` last,
+        where ``c0`` is not zero and a higher coefficient is (:func:`_polynomial_text`)."""
+        return bool(cls.coeffs) and cls.coeffs[0] != 0 and any(c for c in cls.coeffs[1:])
+
 
 _LAMBDIFIED: dict[type, object] = {}
 

@@ -378,7 +378,7 @@ class Builder:
             # The 0-d gradient is divided first: one scalar operation, where dividing the
             # expanded product would be a pass over memory of its own.
             grad_output = f"({grad_output} / {self.ctx_ref(self.saving.shape_attr(output))}.numel())"
-        text = grad_output if is_one(expr) else f"{grad_output} * {factor(self.code(expr))}"
+        text = grad_output if is_one(expr) else f"{grad_output} * {factor(self.code(expr), expr)}"
         if reduction is not None:
             text = f"({text}).expand({self.ctx_ref(self.saving.shape_attr(output))})"
         return text
@@ -478,7 +478,7 @@ class Builder:
         (3, 1) for x of shape (2,)), and backward sums it so. Each such term alone: summed
         after the others were added, they would be counted once per extra row."""
         tangent = self.names.tangents[j]
-        term = tangent if is_one(expr) else f"{tangent} * {factor(self.code(expr))}"
+        term = tangent if is_one(expr) else f"{tangent} * {factor(self.code(expr), expr)}"
         return f"_reduced_to({term}, {self.ctx_ref(reduce_to)})" if reduce_to else term
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import ast
-
 import sympy
 
+from ..codegen.printer import prints_as_sum
 from .ir import Assign, If, Statement
 
 
@@ -32,17 +31,10 @@ def accumulate(target: str, term: str, first: bool, term_name: str | None) -> li
     return [Assign(term_name, term), Assign(target, f"{term_name} if {target} is None else {target} + {term_name}")]
 
 
-def factor(code: str) -> str:
-    """``code`` as the right operand of ``*``: parenthesised if it is a sum or difference.
-
-    Decided on the printed text, not on the SymPy type: an unevaluated Mul(-1, 1 + u) prints
-    as ``-1 - u``.
-    """
-    top = ast.parse(code, mode="eval").body
-    if isinstance(top, (ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant, ast.Attribute, ast.Subscript)):
-        if not (isinstance(top, ast.BinOp) and isinstance(top.op, (ast.Add, ast.Sub))):
-            return code
-    return f"({code})"
+def factor(code: str, expr: sympy.Expr) -> str:
+    """``code``, the printed ``expr``, as the right operand of ``*``: parenthesised where the
+    printer prints ``expr`` as a sum or difference (:func:`~symgrad.codegen.printer.prints_as_sum`)."""
+    return f"({code})" if prints_as_sum(expr) else code
 
 
 def is_one(expr: sympy.Expr) -> bool:

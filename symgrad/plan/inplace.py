@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import re
 from dataclasses import dataclass, replace
 
 from .ir import Assign, CreateGraphBranch, FirstOrderBranch, If, Method, Statement
@@ -147,10 +146,12 @@ def reuse_buffers_in(method: Method, tensors: frozenset[str], floating: frozense
         tree = rewriter.expression_tree(", ".join(method.values))
         if tree is not None:
             written.append(tree)
-            values, parenthesised = _split_values(_unparse(tree))
-            method = replace(method, values=values, parenthesised=parenthesised)
+            # (A tuple prints in parentheses; its values are printed one by one.)
+            elements = tree.elts if isinstance(tree, ast.Tuple) else [tree]
+            values = tuple(_unparse(element) for element in elements)
+            method = replace(method, values=values, parenthesised=isinstance(tree, ast.Tuple))
     nodes = [node for tree in written for node in ast.walk(tree) if isinstance(node, ast.Call)]
-    in_place = any(isinstance(n.func, ast.Attribute) and _IN_PLACE_METHOD.match(n.func.attr) for n in nodes)
+    in_place = any(isinstance(n.func, ast.Attribute) and _is_in_place(n.func.attr) for n in nodes)
     fused = any(
         isinstance(n.func, ast.Attribute) and n.func.attr in ("addcmul", "addcdiv") or any(k.arg == "alpha" for k in n.keywords)
         for n in nodes
@@ -158,7 +159,9 @@ def reuse_buffers_in(method: Method, tensors: frozenset[str], floating: frozense
     return Reuse(replace(method, body=body), in_place, fused)
 
 
-_IN_PLACE_METHOD = re.compile(r"[a-z]\w*_\Z")
+def _is_in_place(method: str) -> bool:
+    """Whether ``method`` is torch's in-place spelling, ``mul_`` (not a dunder, ``__add__``)."""
+    return method.endswith("_") and method[:1].isalpha()
 
 
 def _environment(tensors: frozenset[str], floating: frozenset[str], params: frozenset[str]) -> dict[str, _Value]:
@@ -188,15 +191,6 @@ def _rewritten(statements: tuple[Statement, ...], rewriter: "_Rewriter", written
         else:
             result.append(statement)  # (comments, calls on ctx, early returns: nothing to reuse)
     return tuple(result)
-
-
-def _split_values(text: str) -> tuple[tuple[str, ...], bool]:
-    """A returned tuple's values as the rewrite printed them, and whether it printed the
-    tuple in parentheses."""
-    tree = ast.parse(text, mode="eval").body
-    if isinstance(tree, ast.Tuple):
-        return tuple(ast.get_source_segment(text, element) for element in tree.elts), True
-    return (text,), False
 
 
 class _Rewriter:
@@ -274,6 +268,9 @@ class _Rewriter:
             return self.unary(node)
         if isinstance(node, ast.Call):
             return self.call(node)
+        if isinstance(node, _Parenthesised):
+            value, node.value = self.visit(node.value)
+            return _Value(value.deps), node
         return self.opaque(node)
 
     def opaque(self, node: ast.AST) -> tuple[_Value, ast.AST]:
@@ -546,9 +543,11 @@ def _promotes(op: ast.operator, left: _Value, right: _Value) -> bool:
     return isinstance(op, ast.Div) and bool(tensor_sides) and not (left.floating or right.floating)
 
 
-# ast.unparse drops redundant parentheses: a call of this name marks them, and _unparse
-# turns it back into a bare pair (no name the parser accepts starts with "__").
-_PAREN = "__parenthesised__"
+class _Parenthesised(ast.expr):
+    """A pair of parentheses that ast.unparse would drop as redundant (it prints by
+    precedence): :class:`_Unparser` prints them."""
+
+    _fields = ("value",)
 
 
 def _parenthesised(node: ast.expr) -> ast.expr:
@@ -557,16 +556,32 @@ def _parenthesised(node: ast.expr) -> ast.expr:
         and isinstance(node.func, ast.Attribute)
         and (node.func.attr.endswith("_") or node.func.attr in _FUSED_METHODS)
     )
-    return ast.Call(ast.Name(_PAREN, ast.Load()), [node], []) if chain else node
+    return _Parenthesised(node) if chain else node
 
 
 def _unparse(node: ast.AST) -> str:
-    # (ast.unparse also parenthesises a negative exponent, x ** (-2.0), which the printer
-    # and black write x**-2.0.)
-    return _NEGATIVE_EXPONENT.sub(r"** \1", ast.unparse(node).replace(_PAREN + "(", "("))
+    return _Unparser().visit(_negative_exponents_as_numbers(node))
 
 
-_NEGATIVE_EXPONENT = re.compile(r"\*\* \((-[0-9][0-9.eE+-]*)\)")
+class _Unparser(ast._Unparser):
+    """ast.unparse, which also prints :class:`_Parenthesised`."""
+
+    def visit__Parenthesised(self, node: _Parenthesised) -> None:  # (ast.NodeVisitor's naming)
+        with self.delimit("(", ")"):
+            self.traverse(node.value)
+
+
+def _negative_exponents_as_numbers(tree: ast.AST) -> ast.AST:
+    """``tree``, changed in place, with a negated number exponent as a negative number:
+    ast.unparse parenthesises the negation, x ** (-2.0), where the printer and black write
+    x**-2.0. (The value is the same: the rewrite's trees may keep the change.)"""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            if isinstance(node.right, ast.UnaryOp) and isinstance(node.right.operand, ast.Constant):
+                number = _number(node.right)
+                if number is not None:
+                    node.right = ast.Constant(number)
+    return tree
 
 
 def _method_call(receiver: ast.expr, method: str, *args: ast.expr, **numbers: float) -> ast.Call:

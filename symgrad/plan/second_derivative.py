@@ -108,16 +108,20 @@ class SecondDerivatives:
         unpack = b.saving.unpack_saved(symbols, params)
         hessian_entries = [h for row in hessian for h in row]
 
-        def body(exprs: list[sympy.Expr], reference: str) -> tuple[list[Statement], list[str], frozenset[str]]:
+        def body(
+            exprs: list[sympy.Expr], reference: str
+        ) -> tuple[list[Statement], list[str], list[sympy.Expr], frozenset[str]]:
+            """Statements, the printed values, the expressions they print, and their helpers."""
             b.reference = reference  # (a float tensor in scope, for the printer)
             temps, reduced = b.cse(exprs)
             statements = b.tensorize(exprs, reference) + [b.assign(t, e) for t, e in temps]
-            return statements, [b.code(e) for e in reduced], b.helpers(*reduced)
+            return statements, [b.code(e) for e in reduced], reduced, b.helpers(*reduced)
 
         def product(factor_name: str, k: int, j: int) -> str:
-            return factor_name if is_one(hessian[k][j]) else f"{factor_name} * {factor(values[k * len(inputs) + j])}"
+            entry = k * len(inputs) + j
+            return factor_name if is_one(hessian[k][j]) else f"{factor_name} * {factor(values[entry], printed[entry])}"
 
-        statements, values, helpers = body(gradients, inputs[0])
+        statements, values, printed, helpers = body(gradients, inputs[0])
         returned = []
         for k, (value, gradient) in enumerate(zip(values, gradients)):
             # A new tensor each: forward-mode AD and torch.compile need that (dx of x*y is y).
@@ -148,7 +152,7 @@ class SecondDerivatives:
         setup_context = Method(("ctx", "inputs", "output"), tuple(setup))
         term = b.term() if several or optional_cotangents else None
 
-        statements, values, helpers = body(hessian_entries, inputs[0])
+        statements, values, printed, helpers = body(hessian_entries, inputs[0])
         grads = []
         for j, symbol in enumerate(symbols):
             name = b.names.grads[b.inputs.index(symbol)]
@@ -173,7 +177,7 @@ class SecondDerivatives:
 
         everything = b.inputs + b.params
         tangents = tuple(b.names.tangents[everything.index(s)] for s in symbols + params)
-        statements, values, helpers = body(hessian_entries, inputs[0])
+        statements, values, printed, helpers = body(hessian_entries, inputs[0])
         pushed = []
         for k, gradient in enumerate(gradients):
             moving = [j for j in range(len(symbols)) if hessian[k][j] != 0]
