@@ -29,7 +29,6 @@ HALF_MAX = 65504.0
 # The float16 contract (tests/test_generated.py): 4 units of float16's rounding.
 CONTRACT_UNITS = 4
 _HALF_EPS = 2.0**-10
-_HALF_TINY = 2.0**-24  # the smallest float16 subnormal: one unit near zero
 
 # Input magnitudes, log-spaced across float16's range, both signs.
 _MAGNITUDES = (1e-3, 0.1, 0.5, 1.0, 2.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1e3, 1e4, 6e4)
@@ -69,6 +68,15 @@ def _pow(base: float, exponent: float) -> float:
     except OverflowError:
         return math.inf if base > 0 or float(exponent).is_integer() and exponent % 2 == 0 else -math.inf
     return math.nan if isinstance(value, complex) else float(value)
+
+
+# Functions that print as one ATen kernel of their argument, as emulated here. Any other node
+# (Piecewise, guards, Max, sign, ...) prints as several operations or a torch.where, which
+# the emulation does not model: the body is then computed in float32.
+ONE_KERNEL_FUNCTIONS = frozenset(
+    {"exp", "log", "sin", "cos", "tan", "tanh", "sinh", "cosh", "atan", "asin", "acos", "erf", "erfc", "Abs"}
+    | {"log1p", "expm1", "sigmoid", "softplus"}
+)
 
 
 class Unsupported(Exception):
@@ -129,7 +137,7 @@ def emulate(expr: sympy.Expr, values: Mapping[sympy.Symbol, float]) -> float:
         if not exponent.is_Number:
             raise Unsupported(expr)
         return to_half(_pow(emulate(base, values), float(exponent)))
-    if isinstance(expr, sympy.Function) and all(a.is_Number or a.free_symbols for a in expr.args):
+    if type(expr).__name__ in ONE_KERNEL_FUNCTIONS:
         arity, evaluate = _exact_function(expr.func)
         if arity != len(expr.args):
             raise Unsupported(expr)
@@ -156,12 +164,14 @@ def _at_infinity(evaluate, arguments: Sequence[float]) -> float:
 
 
 def _units_off(got: float, want: float) -> float:
-    """How many units of float16's rounding ``got`` is from ``want`` (both float16)."""
+    """How many units of float16's rounding (eps relative to ``want``) ``got`` is from
+    ``want`` (both float16). Relative even below float16's smallest normal number: a
+    subnormal gradient one step off (2% at 1e-6) breaks the contract as the tests state it."""
     if got == want:
         return 0.0
-    if not math.isfinite(got):
+    if not math.isfinite(got) or want == 0:
         return math.inf
-    return abs(got - want) / max(abs(want) * _HALF_EPS, _HALF_TINY)
+    return abs(got - want) / (abs(want) * _HALF_EPS)
 
 
 def _exact(evaluate, point: Sequence[float]) -> float | None:

@@ -25,6 +25,9 @@ from .ir import Comment, CreateGraphBranch, FirstOrderBranch, If, Method, Plan, 
 from .operations import count_statements, every_value_is_one_operation, kernels
 
 
+_BRANCHES = (FirstOrderBranch, CreateGraphBranch)
+
+
 @dataclass(frozen=True)
 class Decider:
     """Where an output is rounded back to float16 by the tensors it depends on: the line
@@ -63,8 +66,10 @@ def half_in_float32(plan: Plan, policy: HalfPolicy) -> Plan:
     def in_float32(method: Method | None, gradients: bool = False, deciders=None, kind: str = "") -> Method | None:
         if method is None or kernels(method) <= 1:
             return method  # (a fused module's methods call its bodies: one operation)
-        if kind in policy.in_float16:
-            return method  # (op by op in float16 keeps the contract: measured, not assumed)
+        if kind in policy.in_float16 and not any(isinstance(s, _BRANCHES) for s in walk(method.body)):
+            # (Op by op in float16 keeps the contract, measured on the formulas: not where an
+            # ATen backward kernel of several calls or a create_graph branch prints otherwise.)
+            return method
         if not gradients and policy.per_output and every_value_is_one_operation(method):
             return method  # (each output is one ATen kernel, which computes float16 in float32)
         if gradients:
