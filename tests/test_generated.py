@@ -172,14 +172,14 @@ def test_narrow_dtypes_agree_with_float64(module, dtype, device):
         torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance * scale, check_device=True)
 
 
-def test_float16_is_the_float32_computation_rounded_once(module, device):
-    """float16 computes in float32 and rounds once (printer.HELPERS' _float32_for_half), as
-    ATen's own float16 kernels do: values, gradients and tangents are the float32 module's
-    at the same inputs, rounded to float16, within one unit of its rounding (a body of one
-    operation is ATen's kernel on float16). First-order gradients (where an ATen backward
-    kernel may compute them) and double backward too, and under --save speed,
-    whose derivatives forward returns in float32 (a float16 one overflows where the
-    gradient does not)."""
+def test_float16_is_the_float32_computation_rounded(module, device):
+    """float16 values, gradients and tangents are the float32 module's at the same inputs,
+    rounded to float16, within the contract's 4 units of its rounding: a body either
+    computes in float32 and rounds once (printer.HELPERS' _float32_for_half), as ATen's own
+    float16 kernels do, or runs op by op in float16 where that keeps the contract
+    (symgrad.math.half). First-order gradients (where an ATen backward kernel may compute
+    them) and double backward too, and under --save speed, whose derivatives forward
+    returns in float32 (a float16 one overflows where the gradient does not)."""
     dtype = torch.float16
     if metadata_of(module)["inplace"]:
         pytest.skip("in place: forward writes its float16 input, step by step")
@@ -206,7 +206,7 @@ def test_float16_is_the_float32_computation_rounded_once(module, device):
         results.append([*outputs, *grads, *second, *pushed])
     for got, want in zip(*results):
         assert got.dtype == dtype
-        torch.testing.assert_close(got, want.to(dtype), rtol=torch.finfo(dtype).eps, atol=0)
+        torch.testing.assert_close(got, want.to(dtype), rtol=4 * torch.finfo(dtype).eps, atol=0)
 
 
 def test_nondifferentiable_outputs_are_marked(module, device):

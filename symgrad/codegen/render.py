@@ -18,8 +18,8 @@ from .printer import HELPERS
 FUNCTION_TEMPLATE = "function.py.jinja"
 INPLACE_TEMPLATE = "inplace.py.jinja"
 FUSED_TEMPLATE = "fused.py.jinja"
-# Black's defaults, pinned here so that output does not follow a user's black config.
-BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
+# Pinned here so that output does not follow a user's black config; 120 columns, as symgrad's own code.
+BLACK_MODE = black.Mode(line_length=120, target_versions={black.TargetVersion.PY310})
 
 
 def builtin_template_dir() -> Path:

@@ -12,6 +12,7 @@ import sympy
 
 from ..derive import Derivation, with_derivatives_as_outputs
 from ..errors import SymgradError
+from ..math.half import loses_in_float16
 from ..naming import check_class_name
 from ..codegen.printer import HELPERS
 from .bodies import Builder
@@ -148,7 +149,39 @@ class _Assembler:
         if b.second:
             tensors |= set(b.second.backward.params[1:])  # (its cotangents)
         by_values, by_tangents = self.output_deciders()
-        return HalfPolicy(half, frozenset(tensors), rounded, by_values, by_tangents, per_output=not b.p.spec.fast)
+        per_output = not b.p.spec.fast
+        in_float16 = self.float16_methods() if per_output else frozenset()
+        return HalfPolicy(half, frozenset(tensors), rounded, by_values, by_tangents, per_output, in_float16)
+
+    def float16_methods(self) -> frozenset[str]:
+        """The methods whose output expressions, computed op by op in float16, keep the
+        float16 contract at every probe point (symgrad.math.half): forward's outputs,
+        backward's gradients (upstream gradient times row, summed over outputs) and jvp's
+        tangents. None under --save speed (its derivatives stay float32), --fuse (compiled
+        bodies) or a reduction (a float16 sum of many terms)."""
+        b = self.b
+        if b.speed or b.p.spec.fuse or any(out.reduction for out in b.outputs):
+            return frozenset()
+        symbols = list(b.inputs + b.params)
+        stored = {b.names.results[i]: b.d.forward[i] for i in range(b.n_user)}
+        entries = b.gradient_entries()
+        methods = set()
+        if not any(loses_in_float16(b.d.forward[i], symbols) for i in range(b.n_user)):
+            methods.add("forward")
+        scales = [sympy.Symbol(f"_scale{i}", real=True) for i in range(max(b.n_out, len(b.inputs)))]
+        gradients = [sum(scales[i] * b.rows[i][j] for i, k in entries if k == j) for j in range(len(b.inputs))]
+        if not any(
+            loses_in_float16(expr, symbols + scales[: b.n_out], frozenset(scales), stored) for expr in gradients if expr != 0
+        ):
+            methods.add("backward")
+        tangents = [sum(scales[j] * b.rows[i][j] for k, j in entries if k == i) for i in range(b.n_out)]
+        if not any(
+            loses_in_float16(expr, symbols + scales[: len(b.inputs)], frozenset(scales), stored)
+            for expr in tangents
+            if expr != 0
+        ):
+            methods.add("jvp")
+        return frozenset(methods)
 
     def output_deciders(self) -> tuple[tuple[Decider | None, ...] | None, tuple[Decider | None, ...] | None]:
         """For a module of several outputs, per user output: the name rounding it back to

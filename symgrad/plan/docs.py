@@ -49,7 +49,6 @@ class Docs:
             if out.reduction:
                 body = f"{out.reduction}({body})"
             lines.append(f"{name}({args}) = {body}")
-        lines.append("")
         for i, name in enumerate(out_names):
             if not self.b.live[i]:
                 lines.append(f"{name} is piecewise constant: its gradient is zero almost everywhere.")

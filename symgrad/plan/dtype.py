@@ -1,4 +1,5 @@
-"""The float16 policy: bodies of more than one operation compute float16 tensors in float32.
+"""The float16 policy: bodies of more than one operation compute float16 tensors in float32,
+unless every output expression keeps the float16 contract op by op (symgrad.math.half).
 
 Eager operations on float16 round at every step, and a simplified formula's intermediates
 overflow float16 long before its value does (216*x/(x**2 + 6)**3 is 0 from x = 10, and
@@ -22,6 +23,9 @@ from dataclasses import dataclass
 
 from .ir import Comment, CreateGraphBranch, FirstOrderBranch, If, Method, Plan, Rounding, Statement, Widen, walk
 from .operations import count_statements, every_value_is_one_operation, kernels
+
+
+_BRANCHES = (FirstOrderBranch, CreateGraphBranch)
 
 
 @dataclass(frozen=True)
@@ -51,14 +55,21 @@ class HalfPolicy:
     # Decide per returned value (the default): a body whose every value is one operation
     # is not widened. Otherwise per body (--fast keeps the output it had).
     per_output: bool = True
+    # The methods ("forward", "backward", "jvp") whose every output expression keeps the
+    # float16 contract computed op by op in float16 (symgrad.math.half): not widened.
+    in_float16: frozenset[str] = frozenset()
 
 
 def half_in_float32(plan: Plan, policy: HalfPolicy) -> Plan:
     """``plan`` with every body of more than one operation computing float16 in float32."""
 
-    def in_float32(method: Method | None, gradients: bool = False, deciders=None) -> Method | None:
+    def in_float32(method: Method | None, gradients: bool = False, deciders=None, kind: str = "") -> Method | None:
         if method is None or kernels(method) <= 1:
             return method  # (a fused module's methods call its bodies: one operation)
+        if kind in policy.in_float16 and not any(isinstance(s, _BRANCHES) for s in walk(method.body)):
+            # (Op by op in float16 keeps the contract, measured on the formulas: not where an
+            # ATen backward kernel of several calls or a create_graph branch prints otherwise.)
+            return method
         if not gradients and policy.per_output and every_value_is_one_operation(method):
             return method  # (each output is one ATen kernel, which computes float16 in float32)
         if gradients:
@@ -66,11 +77,11 @@ def half_in_float32(plan: Plan, policy: HalfPolicy) -> Plan:
         return _in_float32(method, policy, deciders)
 
     changes: dict[str, object] = {
-        "forward": in_float32(plan.forward, deciders=policy.by_values),
-        "compiled_forward": in_float32(plan.compiled_forward, deciders=policy.by_values),
-        "value": in_float32(plan.value, deciders=policy.by_values),
-        "backward": in_float32(plan.backward, gradients=True),
-        "jvp": in_float32(plan.jvp, deciders=policy.by_tangents),
+        "forward": in_float32(plan.forward, deciders=policy.by_values, kind="forward"),
+        "compiled_forward": in_float32(plan.compiled_forward, deciders=policy.by_values, kind="forward"),
+        "value": in_float32(plan.value, deciders=policy.by_values, kind="forward"),
+        "backward": in_float32(plan.backward, gradients=True, kind="backward"),
+        "jvp": in_float32(plan.jvp, deciders=policy.by_tangents, kind="jvp"),
     }
     if plan.fused:
         fused = plan.fused

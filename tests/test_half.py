@@ -1,0 +1,60 @@
+"""The float16 widening decision (symgrad.math.half): a body computes in float32 only where
+op-by-op float16 breaks the contract; the emulation it rests on matches torch's float16."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy
+import torch
+
+from symgrad import generate_source
+from symgrad.math.half import emulate, loses_in_float16, to_half
+
+x, y, g = sympy.symbols("x y g", real=True)
+
+
+def test_to_half_rounds_and_overflows_as_torch_does():
+    for value in (1.0, 0.1, 1e-6, 1e-9, 65504.0, 65519.0, 65520.0, -7e4, 3.14159):
+        assert to_half(value) == torch.tensor(value, dtype=torch.float64).half().item() or (
+            math.isinf(to_half(value)) and math.isinf(torch.tensor(value).half().item())
+        )
+
+
+def test_emulation_matches_torch_float16_op_by_op():
+    for value in (0.3, 3.0, 300.0, -1e4):
+        t = torch.tensor([value], dtype=torch.float16)
+        half = to_half(value)
+        assert emulate(3 * x**2, {x: half}) == (3 * t**2).item()
+        assert emulate(x**2 / (x + 1), {x: half}) == (t**2 / (t + 1)).item()
+
+
+def test_cube_backward_overflows_op_by_op_so_it_is_widened():
+    """g*3*x**2 at x = 300, g = 0.01: x**2 is inf in float16, the truth 2700 is finite."""
+    x16 = torch.tensor(300.0, dtype=torch.float16)
+    assert torch.isinf(0.01 * 3 * x16**2)
+    assert loses_in_float16(g * 3 * x**2, [x, g], frozenset({g}))
+    source = generate_source("x**3", "Cube")
+    assert "grad_output, x, _ = _float32_for_half(grad_output, x)" in source
+    assert "x_tangent, x, half = _float32_for_half(x_tangent, x)" in source
+
+
+@pytest.mark.parametrize(("expr", "name"), [("exp(x)", "Exp"), ("2*x", "Double"), ("x**2", "Square")])
+def test_bodies_that_keep_the_contract_in_float16_are_not_widened(expr, name):
+    source = generate_source(expr, name)
+    assert "_float32_for_half" not in source and "_round_to" not in source and "_half_of" not in source
+
+
+def test_square_backward_keeps_the_contract_op_by_op():
+    assert not loses_in_float16(g * 2 * x, [x, g], frozenset({g}))
+
+
+def test_a_simplified_formula_that_overflows_is_widened():
+    """216*x/(x**2 + 6)**3 is 0 from x = 10 op by op in float16 and nan from 303."""
+    assert loses_in_float16(216 * x / (x**2 + 6) ** 3, [x])
+
+
+def test_a_gradient_written_in_the_output_reads_it_rounded():
+    result = sympy.Symbol("result", real=True)
+    assert not loses_in_float16(g * result, [x, g], frozenset({g}), {result: sympy.exp(x)})
