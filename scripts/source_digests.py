@@ -62,7 +62,7 @@ def _digest(job: tuple[str, dict], fast: bool = False) -> str:
             spec = read_spec(path.read_text())
             source = source_for_spec(dataclasses.replace(spec, fast=True) if fast else spec, base_dir=path.parent)
         else:
-            source = symgrad.generate_source(args.pop("expr"), args.pop("name"), **({"fast": True} if fast else {}), **args)
+            source = symgrad.generate_source(args.pop("expr"), args.pop("name"), **{**args, **({"fast": True} if fast else {})})
     except Exception as error:  # a refusal is part of the output too
         return f"{label} ERROR {type(error).__name__}: {error}"
     return f"{label} {hashlib.md5(source.encode()).hexdigest()}"

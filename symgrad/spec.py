@@ -83,6 +83,9 @@ class Spec:
                     raise TypeError(f"{key!r} is not a list of names")
             if not isinstance(data.get("templates", ""), str):
                 raise TypeError("'templates' is not a string")
+            for flag in ("inplace", "fuse", "fast"):
+                if not isinstance(data.get(flag, False), bool):
+                    raise TypeError(f"{flag!r} is {data[flag]!r}, not true or false")
             if data.get("save", "memory") not in SAVE_POLICIES:
                 raise ValueError(f"'save' is {data['save']!r}, not one of {', '.join(SAVE_POLICIES)}")
             return cls(
@@ -92,10 +95,10 @@ class Spec:
                 params=tuple(data.get("params", ())),
                 domain=tuple((str(s), float(lo), float(hi)) for s, lo, hi in data.get("domain", ())),
                 grads=tuple((str(s), str(g)) for s, g in data.get("grads", ())),
-                inplace=bool(data.get("inplace", False)),
+                inplace=data.get("inplace", False),
                 save=str(data.get("save", "memory")),
-                fuse=bool(data.get("fuse", False)),
-                fast=bool(data.get("fast", False)),
+                fuse=data.get("fuse", False),
+                fast=data.get("fast", False),
                 templates=data.get("templates"),
             )
         except KeyError as exc:

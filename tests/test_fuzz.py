@@ -455,7 +455,7 @@ def test_grammar_reaches_every_supported_function():
 CAMPAIGN_FINDS = [
     # Campaign 4121 (pre-existing; the first with gradgradcheck): --save speed's second
     # derivative of (y**-2)**(y*y) held Abs(y**(1 + 2*y**2)), nan at every y < 0. Written
-    # Abs(y)**(1 + 2*y**2) now (stable._rule_abs_of_power).
+    # Abs(y)**(1 + 2*y**2) now (rewrite.roots._rule_abs_of_power).
     ("((x) * (((y)**(-2))**((y) * (y)))) - (((acosh(E)) + (log(x, E))) / (y))", 261, "passed"),
     # ... and a branch no x takes (x <= 1/3 and x > 2/3), which no safe point can guard:
     # double backward multiplied its nan (x**-x at x < 0) by where's zero. Dropped now.
@@ -469,7 +469,7 @@ CAMPAIGN_FINDS = [
     # where linear bounds could not guard them (a symbol the condition does not bound, an Or
     # or negated condition, a nonlinear one), which double backward multiplied by where's
     # zero. Every symbol of such a branch is guarded by a probed point now
-    # (stable._guard_branch).
+    # (rewrite.piecewise._guard_branch).
     ("mean(-(Piecewise((hypot(y, log(z, 1/2)), ((z) - (z)) < ((x) * (2/3))), (x, True))))", 2147483646, "passed"),
     ("sum(Piecewise((Min(Piecewise(((x)**(x), not (((x) < (7)) and ((z) < (7)))), (y, True))), True)))", 528, "passed"),
     ("asin(Piecewise((x, (atan(x)) <= (x) < (((x) >= (x)))), (((0)**3) * (x), True)))", 86, "passed"),
@@ -509,8 +509,8 @@ CAMPAIGN_FINDS = [
     # (|3 + y|/|x|)**x at x = 0, log(oo*Abs(y + 3)), and (-x)**(x**2*acosh(x)), complex at
     # every real x but 0 and 1. They were left unguarded, and double backward multiplied
     # where's zero by their nan. They are guarded at 1/2 all the same now, exactly where
-    # taken (stable._guard_branch); in the first, --save speed's second derivative also
-    # held Abs(((y + 3)/x)**x/(y + 3)**2), nan at every x < 0 (stable._rule_abs_of_power
+    # taken (rewrite.piecewise._guard_branch); in the first, --save speed's second derivative also
+    # held Abs(((y + 3)/x)**x/(y + 3)**2), nan at every x < 0 (rewrite.roots._rule_abs_of_power
     # splits the product).
     ("x, ((abs((3) + (y))) / (Abs(x)))**(Max(x))", 1, "passed"),
     (
@@ -531,7 +531,7 @@ CAMPAIGN_FINDS = [
     ),
     # Campaign 4131 (pre-existing): SymPy differentiated the raw gradient's Abs(x**a) into
     # x**a*sign(x**a), nan at every x < 0, and the reference that checks double backward's
-    # form was nan there too; derive writes it |x|**a first (stable.real_abs_powers).
+    # form was nan there too; derive writes it |x|**a first (rewrite.roots.real_abs_powers).
     ("((Abs(abs(x)))**2)**(exp(acosh(7)))", 3, "passed"),
     # ... and SymPy's evalf raised AttributeError looking for a removable singularity of
     # cos(log(y, 1/2)**tanh(E)) at y = 0 (a crash).
@@ -539,7 +539,7 @@ CAMPAIGN_FINDS = [
     # Campaign 4132 (pre-existing): powers whose base is 0 or whose exponent is 0 on a
     # region (a 0/1 comparison or Heaviside to a variable power). Their second derivatives
     # held b**e*(3 + 2*xlogy(a, b)) and b**e/b, 0*inf and 0/0 = nan where the mathematics is
-    # 0; xlogy now takes the power inside, and b**e/b is b**(e - 1) (stable._rule_xlogy,
+    # 0; xlogy now takes the power inside, and b**e/b is b**(e - 1) (rewrite.sums._rule_xlogy,
     # _rule_xlogy_absorbs, _rule_same_base).
     ("x, (-((((3)**3) < ((x) + (x)))))**((Max(x, 7))**(-2))", 1, "passed"),
     ("(Heaviside((x) + (x)))**((x) * (x))", 3, "passed"),
@@ -552,7 +552,7 @@ CAMPAIGN_FINDS = [
     # Campaign 4134 (pre-existing): the gradient reuses sqrt(1 - sigmoid(2*x**x)), and the
     # double-backward probe differentiated it as SymPy does, joining (1 - s)/sqrt(1 - s) into
     # sqrt(1 - s); autograd computes 0/0 = nan where 1 - s rounds to 0 (x = 2.9 here). The
-    # probe now keeps each power a factor of its own (derive._autograd_power).
+    # probe now keeps each power a factor of its own (derive.second_order._autograd_power).
     ("(atan(exp((x)**(x)))) + ((x) * (((0) / (1)) + ((x) * (1))))", 0, "passed"),
     # ... and simplify's trigsimp ran for minutes on the second derivative, with
     # (tanh(x) - 1/x**2)**-3 and **-4 in it: trig in a power of a sum is now a symbol there.
@@ -561,7 +561,7 @@ CAMPAIGN_FINDS = [
     ("sum(((tanh(x)) - ((x)**(-2)))**(-2))", 2147483646, "passed"),
     # Campaign 4135 (pre-existing): piecewise_simplify spread a condition of 8 comparisons,
     # (a & ~(b & c & d)) | (b & c & d & e), into 10 and ran for over a minute on a --save
-    # speed second derivative (derive._simplify_is_bounded now counts them spread out).
+    # speed second derivative (math.simplify._simplify_is_bounded now counts them spread out).
     (
         "mean((((Piecewise((log(x, 10), (x) > (x)), (Piecewise((x, (x) > (x)), (x, True)), (((x) < (2.5))"
         " and ((x) <= (x) < (x))) and ((x) <= (x))), (exp(0.5), True))) <= (Piecewise((Min(x), not (((E)"
@@ -600,7 +600,7 @@ CAMPAIGN_FINDS = [
         "the constant xlogy(1, -1/2) has a complex value",
     ),
     # ... and differentiating by y and z, SymPy joined the branches whose derivatives are all
-    # 0 with distribute_and_over_or: 90 s per input (derive._MergingPiecewise). Now 0.4 s.
+    # 0 with distribute_and_over_or: 90 s per input (derive.differentiate._MergingPiecewise). Now 0.4 s.
     (
         "Piecewise((x, (Piecewise((Piecewise((x, not ((not ((x) > (z))) or ((z) <= (x)))), (z, (z) <= (y)),"
         " (y, True)), (z) < (10)), ((x) + (z), ((((x) < (z) < (0.5)) and ((2) < (10))) and ((y) < (x) < (2)))"
@@ -811,7 +811,7 @@ CAMPAIGN_FINDS = [
     ("sin((((7)**3)**3) - (x))", 4, "passed"),
     # Campaign 9907 (pre-existing): simplify wrote the gradient with log(10**(-x**3*exp(x))),
     # whose power underflows to 0: -inf in float64 from x = 3. log(b**u) is u*log(b) now
-    # (stable._rule_log), and splits off a product: log(x*10**u) is log(x) + u*log(10).
+    # (rewrite.exp_log._rule_log), and splits off a product: log(x*10**u) is log(x) + u*log(10).
     ("mean((x) / (((exp(x)) * (x)) + ((log(x, 10)) / (x))))", 1149, "passed"),
 ]
 
@@ -913,7 +913,7 @@ def test_piecewise_in_a_condition_passes_the_contract(text, seed, workdir):
 
 
 def test_interval_in_a_stabilised_gradient_is_refused():
-    """derive._refuse_interval_values: an AccumBounds (atanh(-oo) folded at a guard's edge) is
+    """derive.gradients._refuse_interval_values: an AccumBounds (atanh(-oo) folded at a guard's edge) is
     an interval, not a value, and is refused in one line. The campaign find that first reached
     it now keeps its unsimplified derivative and passes, so the guard is checked directly."""
     from symgrad.api import build_spec
@@ -1014,7 +1014,7 @@ def test_remembered_values_are_what_the_function_gives():
 
 
 def test_trig_abstraction_reaches_calls_rebuilt_with_their_sign():
-    """derive._abstract_trig_arguments leaves no trig call for trigsimp (campaign 37): after
+    """math.simplify._abstract_trig_arguments leaves no trig call for trigsimp (campaign 37): after
     cosh(x) becomes a symbol, sinh(y - cosh(x)) is rebuilt as -sinh(_arg - y), which a second
     pass abstracts too; the map back restores the expression."""
     import sympy
@@ -1031,7 +1031,7 @@ def test_trig_abstraction_reaches_calls_rebuilt_with_their_sign():
 
 
 def test_simplify_skips_piecewise_conditions_of_many_comparisons():
-    """derive._simplify_is_bounded: a condition of more than SIMPLIFY_MAX_COMPARISONS
+    """math.simplify._simplify_is_bounded: a condition of more than SIMPLIFY_MAX_COMPARISONS
     comparisons (repeats included) is not simplified (campaign 37); a small one is."""
     import sympy
 
@@ -1047,7 +1047,7 @@ def test_simplify_skips_piecewise_conditions_of_many_comparisons():
 
 
 def test_simplify_counts_comparisons_in_disjunctive_form():
-    """derive._simplify_is_bounded: 8 comparisons as written, but 10 once piecewise_simplify
+    """math.simplify._simplify_is_bounded: 8 comparisons as written, but 10 once piecewise_simplify
     spreads the negated conjunction out, is not simplified (42 s in SymPy alone; campaign
     4135); the same condition without the negation is."""
     import sympy
@@ -1065,7 +1065,7 @@ def test_simplify_counts_comparisons_in_disjunctive_form():
 
 
 def test_trig_in_a_power_of_a_sum_is_abstracted():
-    """derive._mixes_trig: trigsimp ran for minutes over (tanh(x) - 1/x**2)**-3 and **-4 in
+    """math.simplify._mixes_trig: trigsimp ran for minutes over (tanh(x) - 1/x**2)**-3 and **-4 in
     a second derivative (campaign 4134), so trig calls in a sum raised to a power become
     symbols while simplifying; a plain tanh(x)**2, or a sum to the power 1, does not."""
     import sympy

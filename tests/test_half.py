@@ -58,3 +58,50 @@ def test_a_simplified_formula_that_overflows_is_widened():
 def test_a_gradient_written_in_the_output_reads_it_rounded():
     result = sympy.Symbol("result", real=True)
     assert not loses_in_float16(g * result, [x, g], frozenset({g}), {result: sympy.exp(x)})
+
+
+def test_a_denominator_is_multiplied_out_before_the_division():
+    """The printer writes 2 / (x * y): x*y overflows float16 at x = y = 300, so the quotient
+    is 0 where the truth is 2.2e-5, and the body is widened."""
+    assert emulate(2 / (x * y), {x: 300.0, y: 300.0}) == 0.0
+    x16 = torch.tensor(300.0, dtype=torch.float16)
+    assert 2 / (x16 * x16) == 0
+    assert loses_in_float16(2 / (x * y), [x, y])
+
+
+@pytest.mark.parametrize(
+    ("function", "argument", "want"),
+    [(sympy.exp, -math.inf, 0.0), (sympy.exp, math.inf, math.inf), (sympy.tanh, -math.inf, -1.0), (sympy.log, math.inf, math.inf)],
+)
+def test_a_function_of_an_overflowed_argument_is_its_ieee_limit(function, argument, want):
+    assert emulate(function(x), {x: argument}) == want
+
+
+@pytest.mark.parametrize("function", [sympy.sin, sympy.cos])
+def test_a_periodic_function_of_inf_is_nan(function):
+    assert math.isnan(emulate(function(x), {x: math.inf}))
+
+
+def test_a_body_with_no_point_to_compare_at_is_widened():
+    """Where the exact value is outside float16's range at every probe point, nothing shows
+    float16 keeps the contract."""
+    assert loses_in_float16(sympy.exp(x**2 + 20), [x])
+
+
+def test_a_saved_output_is_read_as_forward_may_have_computed_it():
+    """g*result, with result = 216*x/(x**2 + 6)**3 saved: read exactly rounded, the product
+    keeps the contract; as forward computes it op by op in float16 (0 from x = 10) it does
+    not, so the gradient is widened."""
+    result = sympy.Symbol("result", real=True)
+    saved = 216 * x / (x**2 + 6) ** 3
+    assert emulate(saved, {x: 10.0}) == 0.0
+    assert loses_in_float16(g * result, [x, g], frozenset({g}), {result: saved})
+
+
+def test_a_saved_output_the_body_does_not_read_is_not_emulated():
+    result = sympy.Symbol("result", real=True)
+    assert not loses_in_float16(g * 2 * x, [x, g], frozenset({g}), {result: sympy.floor(x)})
+
+
+def test_negative_zero_to_an_odd_negative_power_is_minus_inf():
+    assert emulate(x**-1, {x: -0.0}) == -math.inf

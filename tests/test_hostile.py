@@ -375,7 +375,7 @@ def test_cli_full_width_caret(tmp_path):
 
 
 def test_piecewise_derivative_joins_equal_branches_without_distributing(monkeypatch):
-    """derive._MergingPiecewise: branches whose derivatives are equal (here all 0 by y) are
+    """derive.differentiate._MergingPiecewise: branches whose derivatives are equal (here all 0 by y) are
     joined with a plain Or. SymPy's own fold runs distribute_and_over_or on them, which is
     exponential in the conditions (90 s per input in fuzz campaign 35): it must not run."""
     import sympy
@@ -405,7 +405,7 @@ def test_piecewise_derivative_joins_equal_branches_without_distributing(monkeypa
     ],
 )
 def test_piecewise_derivative_equals_sympys(text):
-    """derive._differentiate's Piecewise handling gives SymPy's derivative, at points away
+    """derive.differentiate._differentiate's Piecewise handling gives SymPy's derivative, at points away
     from the branch boundaries."""
     import random
 

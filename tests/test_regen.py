@@ -81,6 +81,17 @@ def test_header_records_spec_banner_and_command(cli, tmp_path):
     assert (tmp_path / "again" / "affine.py").read_text() == text
 
 
+@pytest.mark.parametrize("options", [("--fast",), ("--fuse",), ("--save", "speed"), ("--fast", "--save", "speed")])
+def test_banner_command_keeps_every_option(cli, tmp_path, options):
+    """The banner's command rebuilds the module with the same options (--fast was dropped)."""
+    assert cli("x*y + x**2", "--name", "Qq", *options)[0] == 0
+    text = (tmp_path / "generated" / "qq.py").read_text()
+    command = banner_command(text)
+    assert all(option in command for option in options)
+    assert cli(*command[1:], "--out", "again")[0] == 0
+    assert (tmp_path / "again" / "qq.py").read_text() == text
+
+
 def test_old_six_line_header_is_still_read(cli, tmp_path):
     """Files written before the header had four lines keep their spec and hash: `check`
     reports them as out of date, and `regen` rebuilds them."""
@@ -252,6 +263,7 @@ def test_foreign_file_is_never_overwritten(cli, tmp_path, content):
         ('{"expr": "x**2", "name": "Square", "inputs": "x"}', "'inputs' is not a list of names"),
         ('["x**2", "Square"]', "not an object"),
         ('{"expr": "x**2", "name": "Square", "save": "fast"}', "'save' is 'fast', not one of memory, speed"),
+        ('{"expr": "x**2", "name": "Square", "fast": "false"}', "'fast' is 'false', not true or false"),
     ],
 )
 def test_malformed_spec_record(cli, tmp_path, record, fragment):

@@ -165,7 +165,7 @@ CASES = [
     ),
     # Mish's inner part: autograd's derivative of its gradient sigmoid(x)/cosh(softplus(x))**2
     # was inf*0 = nan from x = 89.5 in float32, where the probe took the exact value for 0 (it
-    # cancels at 64 and 128 bits); a fifth accuracy hunt; derive._exact_value.
+    # cancels at 64 and 128 bits); a fifth accuracy hunt; math.accuracy._exact_value.
     Case("tanh_softplus", "tanh(log(1+exp(x)))", lambda x: mpmath.tanh(mpmath.log(1 + mpmath.exp(x)))),
     Case(
         "logaddexp",
@@ -496,7 +496,7 @@ CASES = [
     Case("asinh_log", "log(x+sqrt(x**2+1))", mpmath.asinh, kernel=torch.asinh),
     Case("asinh_log_neg", "log(sqrt(4*x**2+1)-2*x)", lambda x: -mpmath.asinh(2 * x)),
     # Its derivative computed as 1/(1 + |x|) - x*sign(x)/(1 + |x|)**2 cancelled at large |x|
-    # (derive._absolute_values).
+    # (derive.differentiate._absolute_values).
     Case("softsign", "x/(1+abs(x))", lambda x: x / (1 + abs(x)), kernel=F.softsign, where=lambda x: x != 0),
     # tanh written with exponentials: inf*0 = nan from x = 45 (exp_log._rule_tanh_half).
     Case("tanh_exp", "(exp(2*x)-1)/(exp(2*x)+1)", mpmath.tanh, kernel=torch.tanh),
@@ -578,7 +578,7 @@ CASES = [
     # The binary focal loss (gamma = 2) on logits, both terms: differentiated as written, the
     # derivative of log(1 - sigmoid(x)) divided by 1 - sigmoid(x), and simplification
     # factored sigmoid(-x) out of the sum around it: the gradient by x was 0*inf = nan from
-    # x = 89 in float32, where it is 1 - t (a fifth accuracy hunt; derive._sigmoid_complements).
+    # x = 89 in float32, where it is 1 - t (a fifth accuracy hunt; derive.gradients._sigmoid_complements).
     Case(
         "focal_binary",
         "-t*log(sigmoid(x))*(1-sigmoid(x))**2 - (1-t)*log(1-sigmoid(x))*sigmoid(x)**2",
@@ -593,7 +593,7 @@ CASES = [
         rtol={torch.float32: 5e-6},
     ),
     # The VAE's KL term: its gradient expm1(lv)/2 had autograd's derivative y + 1, 0 in
-    # float32 from lv = -17 and in float64 from lv = -37 (accuracy hunt; derive._autograd_expm1).
+    # float32 from lv = -17 and in float64 from lv = -37 (accuracy hunt; derive.second_order._autograd_expm1).
     # (Not at lv near 0, where the value's expm1(lv) - lv still cancels: README.)
     Case(
         "vae_kl",
@@ -1106,7 +1106,7 @@ def test_fused_bce_with_logits_matches_exact_math(save, gen_dir, device):
 
 
 def test_sigmoid_complements_before_differentiating():
-    """derive._sigmoid_complements: c - c*sigmoid(u) as c*sigmoid(-u) for any number c (a Float
+    """derive.gradients._sigmoid_complements: c - c*sigmoid(u) as c*sigmoid(-u) for any number c (a Float
     too: 1.0 == 1 is False in SymPy, and review found the 1.0 form still nan), not in
     conditions (forward takes its branches by them as written), not for a symbol c."""
     from symgrad.derive.gradients import _sigmoid_complements
@@ -1411,7 +1411,7 @@ _NESTED_NORMS = [
 def test_nested_hypot_second_derivatives_are_exact_at_the_origin(text, name, save, fuse, gen_dir, device):
     # The gradient goes through hypot(hypot(x, y), 1e-4), whose inner hypot's autograd
     # derivative x/hypot(x, y) is 0/0 at the origin: every second derivative was nan there,
-    # float64 too, where it is finite (a fifth accuracy hunt; derive._has_nested_hypot).
+    # float64 too, where it is finite (a fifth accuracy hunt; derive.second_order._has_nested_hypot).
     module = load(Case(f"nested_{name}", text, lambda x, y: 0, inputs=("x", "y")), gen_dir, save=save, fuse=fuse)
     x, y = sympy.symbols("x y", real=True)
     hessian = sympy.hessian(sympy.sympify(text, locals={"x": x, "y": y}), (x, y))
@@ -2002,7 +2002,7 @@ def test_stable_functions_evalf_and_elementary_agree():
 
 
 def test_reuse_of_shared_work_is_kept_only_where_accurate():
-    """derive.reuse_shared_work: SiLU's sigmoid(-x) becomes 1 - sigmoid(x) (within a few
+    """rewrite.cost.reuse_shared_work: SiLU's sigmoid(-x) becomes 1 - sigmoid(x) (within a few
     float32 ulps everywhere, as torch's silu backward); tanh's cosh(x)**-2 does not become
     1 - tanh(x)**2, which is 0 in float32 beyond |x| = 9 where the derivative is 6e-8."""
     from symgrad.rewrite.cost import reuse_shared_work
@@ -2152,7 +2152,7 @@ def test_compiled_sigmoid_helper_is_exact_where_it_avoids_inductors_kernel():
 
 
 def test_accuracy_guard_rejects_a_form_that_fails_where_the_math_is_finite():
-    """derive._as_accurate: a candidate that divides by zero in float32 rounding (1 - s is 0
+    """math.accuracy._as_accurate: a candidate that divides by zero in float32 rounding (1 - s is 0
     once sigmoid(x) rounds to 1, from x = 17) is not accurate there; it does not count as
     outside the domain, as a point where the exact value itself is undefined would."""
     from symgrad.math.accuracy import _as_accurate
@@ -2483,7 +2483,7 @@ def test_second_derivatives_are_finite_and_match_exact_math(name, dtype, save, f
 @pytest.mark.parametrize("name", ["sigmoid", "silu"])
 def test_fused_speed_second_derivatives_match_exact_math_everywhere(name, dtype, gen_dir, device):
     """Fused --save speed differentiates the derivative it returns symbolically (its second
-    derivative row), in a form checked in float arithmetic (derive.finite_where_the_math_is)."""
+    derivative row), in a form checked in float arithmetic (math.accuracy.finite_where_the_math_is)."""
     case = next(c for c in CASES if c.name == name)
     module = load(case, gen_dir, save="speed", fuse=True)
     assert "dresult_dx" in metadata_of(module)["saved"]
@@ -2634,7 +2634,7 @@ _NORMAL_TAIL_CASES = ("log_ndtr", "log_erfc", "log_one_plus_erf")
 # (case, save) whose double backward is still wrong somewhere (README, "What is still
 # wrong"); their values and gradients are checked with every other case: LiSHT's in the
 # default mode, 0 at |x| = 20 where it is -6.5e-16 (autograd's 1 - y**2 for tanh's
-# derivative; the probe accepts its 2.6% error there, derive._SECOND_DERIVATIVE_MAX_ERROR),
+# derivative; the probe accepts its 2.6% error there, math.accuracy._SECOND_DERIVATIVE_MAX_ERROR),
 # as naive autograd's is. Its --save speed second derivative is exact.
 # log(x/sinh(x))'s and log(x*sinh(x))'s, 2.8e-4 and 4.4e-4 off at x = 1e4 in float32
 # (autograd's quotient rule on their gradients, -(x/tanh(x) - 1)/x and its twin, cancels; the
@@ -3294,7 +3294,7 @@ def test_speed_returns_a_recomputed_gradient_whose_autograd_derivative_is_wrong(
     """--save speed: once forward returns one derivative, backward has no create_graph
     branch, so a gradient it recomputes is differentiated by autograd; one whose autograd
     derivative is wrong (softplus's sigmoid(x), y*(1 - y): 0 at x = 20 in float32) is
-    returned from forward too (derive.with_derivatives_as_outputs). Before, d2/dx2 of
+    returned from forward too (derive.save_speed.with_derivatives_as_outputs). Before, d2/dx2 of
     log(1 + exp(x)) + y*exp(y) was 0 at x = 20 and 30, where it is 2.1e-9 and 9.4e-14."""
     source = generate_source("log(1+exp(x)) + y*exp(y)", "SoftplusMix", inputs=["x", "y"], save="speed")
     assert '"saved": ["x", "y", "dresult_dx", "dresult_dy"]' in source
@@ -3379,7 +3379,7 @@ def test_norm_derivatives_exact_at_every_scale(text, dtype, save, device):
 # symbols: autograd's derivative of log(1+exp(x*y*z))'s sigmoid was 0 at x*y*z = 50 in
 # float32 (120 of 9000 Hessian entries off; 72 in float64), and the 3-d norm's cancelled
 # to 1e-3 off (280 entries in float32). Checked at every triple of TRIPLE_VALUES, which
-# are not the probe's points (derive._TRIPLE_PROBES).
+# are not the probe's points (math.accuracy._TRIPLE_PROBES).
 _XYZ = sympy.symbols("x y z", real=True)
 _THREE_INPUT_SECOND_DERIVATIVE_CASES = {
     "log(1+exp(x*y*z))": sympy.log(1 + sympy.exp(_XYZ[0] * _XYZ[1] * _XYZ[2])),

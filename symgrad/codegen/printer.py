@@ -70,7 +70,7 @@ def _polygamma(args: Args) -> str:
 
 
 def _hypot_excess(a: "Printed", b: "Printed") -> str:
-    # hypot(a, b) - b as a*((a/2)/(hypot(a, b)/2 + b/2)): stable_functions.hypot_excess
+    # hypot(a, b) - b as a*((a/2)/(hypot(a, b)/2 + b/2)): math.functions.hypot_excess
     in_hypot = [_number_tensor(other.operand, text) if text.number else text for text, other in ((a, b), (b, a))]
     half_b = repr(float(b.value) / 2) if b.number else f"0.5 * {b.operand}"
     return f"{a.operand} * (0.5 * {a.operand} / (0.5 * torch.hypot({in_hypot[0]}, {in_hypot[1]}) + {half_b}))"
@@ -149,10 +149,10 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     hypot: _call("torch.hypot"),
     hypot_excess: lambda args: _hypot_excess(*args),
     finite: _one_call(lambda args: f"torch.nan_to_num({args[0]}, nan=torch.nan)"),
-    # a/n kept whole (stable_functions.norm_ratio), where SymPy would merge the powers
+    # a/n kept whole (math.functions.norm_ratio), where SymPy would merge the powers
     norm_ratio: lambda args: f"{args[0].operand} / {args[1].operand}",
     xlogy: _call("torch.xlogy"),
-    # guard(x, cond, safe[, earlier]): the inner where of the "double where" (stable._guard_piecewise).
+    # guard(x, cond, safe[, earlier]): the inner where of the "double where" (rewrite.piecewise._guard_piecewise).
     guard: _one_call(lambda args: _guard(*args)),
 }
 
@@ -191,7 +191,7 @@ _TENSOR_ARGS: dict[type, tuple[int, ...]] = {sympy.atan2: (0, 1)}
 class TorchPrinter(StrPrinter):
     """Prints a SymPy expression as torch code over the given variable names."""
 
-    # Not StrPrinter's "_sympystr": a class's own str() (stable_functions.Removable shows
+    # Not StrPrinter's "_sympystr": a class's own str() (math.series.Removable shows
     # its closed form) must not replace its torch spelling.
     printmethod = "_symgrad_torch"
 
@@ -327,7 +327,7 @@ class TorchPrinter(StrPrinter):
                 for i, (a, text) in enumerate(zip(expr.args, args))
             ]
         torch_code = getattr(type(expr), "torch_code", None)
-        if torch_code is not None:  # generated families (stable_functions.Removable)
+        if torch_code is not None:  # generated families (math.series.Removable)
             return self._function_code(expr, torch_code(self, args, expr.args))
         if self._compiled and type(expr) in COMPILED_CALLS:
             return f"{COMPILED_CALLS[type(expr)]}({', '.join(args)})"

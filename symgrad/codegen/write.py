@@ -48,6 +48,8 @@ def command_for(spec: Spec) -> str:
         words += ["--save", spec.save]
     if spec.fuse:
         words.append("--fuse")
+    if spec.fast:
+        words.append("--fast")
     if spec.templates is not None:
         # The override is recorded relative to the output folder, so the command is one to
         # run from there; every other word is the same from anywhere.

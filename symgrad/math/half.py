@@ -35,7 +35,7 @@ _MAGNITUDES = (1e-3, 0.1, 0.5, 1.0, 2.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1e3, 1e4
 _COARSE_MAGNITUDES = (1e-3, 0.5, 3.0, 30.0, 300.0, 1e4)
 # Upstream gradients and tangents: 1, and small and large ones, which overflow or
 # underflow in a product that the exact value does not.
-_SCALES = (1.0, 1e-2, 1e2)
+_SCALES = tuple(struct.unpack("e", struct.pack("e", s))[0] for s in (1.0, 1e-2, 1e2))  # (as float16 holds them)
 # Beyond these the probes would cost seconds (points grow as a power of the symbols, exact
 # evaluation with the size): such a body computes in float32 without being probed.
 MAX_SYMBOLS = 4
@@ -63,8 +63,9 @@ def _pow(base: float, exponent: float) -> float:
     """base**exponent in IEEE arithmetic: overflow is inf, a complex result nan."""
     try:
         value = base**exponent
-    except ZeroDivisionError:
-        return math.inf
+    except ZeroDivisionError:  # (0 to a negative power: inf, -inf for -0.0 to an odd one)
+        odd = float(exponent).is_integer() and exponent % 2 == 1
+        return math.copysign(math.inf, base) if odd else math.inf
     except OverflowError:
         return math.inf if base > 0 or float(exponent).is_integer() and exponent % 2 == 0 else -math.inf
     return math.nan if isinstance(value, complex) else float(value)
@@ -129,8 +130,13 @@ def emulate(expr: sympy.Expr, values: Mapping[sympy.Symbol, float]) -> float:
             value = float(coefficient)
         for factor in numerator[1:]:
             value = to_half(value * emulate(factor, values))
-        for factor in denominator:
-            value = to_half(_div(value, emulate(factor, values)))
+        if denominator:
+            # The printer writes one division by the denominator's product (2 / (x * y)),
+            # whose product can overflow or underflow on its own.
+            divisor = emulate(denominator[0], values)
+            for factor in denominator[1:]:
+                divisor = to_half(divisor * emulate(factor, values))
+            value = to_half(_div(value, divisor))
         return value
     if expr.is_Pow:
         base, exponent = expr.args
@@ -143,7 +149,7 @@ def emulate(expr: sympy.Expr, values: Mapping[sympy.Symbol, float]) -> float:
             raise Unsupported(expr)
         arguments = [emulate(a, values) for a in expr.args]
         if not all(math.isfinite(a) for a in arguments):
-            return math.nan if any(math.isnan(a) for a in arguments) else _at_infinity(evaluate, arguments)
+            return math.nan if any(math.isnan(a) for a in arguments) else _at_infinity(type(expr).__name__, arguments)
         try:
             with mpmath.workprec(64):
                 return to_half(float(evaluate(*arguments)))
@@ -152,15 +158,40 @@ def emulate(expr: sympy.Expr, values: Mapping[sympy.Symbol, float]) -> float:
     raise Unsupported(expr)
 
 
-def _at_infinity(evaluate, arguments: Sequence[float]) -> float:
-    """A function of an infinite argument, as its limit from float64's largest (exp(inf) is
-    inf, sigmoid(-inf) 0); nan where even that fails."""
-    finite = [math.copysign(1e300, a) if math.isinf(a) else a for a in arguments]
+# Each one-kernel function in IEEE float arithmetic, for an argument that is already inf in
+# float16 (an intermediate that overflowed): what the kernel returns there, e.g. exp(-inf) = 0,
+# sigmoid(inf) = 1, sin(inf) = nan.
+_IEEE = {
+    "exp": math.exp,
+    "log": math.log,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "tanh": math.tanh,
+    "sinh": math.sinh,
+    "cosh": math.cosh,
+    "atan": math.atan,
+    "asin": math.asin,
+    "acos": math.acos,
+    "erf": math.erf,
+    "erfc": math.erfc,
+    "Abs": math.fabs,
+    "log1p": math.log1p,
+    "expm1": math.expm1,
+    "sigmoid": lambda u: 1.0 if u > 0 else 0.0,
+    "softplus": lambda u: u if u > 0 else 0.0,
+}
+
+
+def _at_infinity(name: str, arguments: Sequence[float]) -> float:
+    """A one-kernel function of an infinite argument, as IEEE arithmetic gives it (nan where
+    the function has no limit there, or for arguments outside its domain)."""
     try:
-        with mpmath.workprec(64):
-            return to_half(float(evaluate(*finite)))
-    except PROBE_FAILURES:
+        return to_half(_IEEE[name](*arguments))
+    except ValueError:  # (sin(inf), log(-inf), asin(inf))
         return math.nan
+    except OverflowError:
+        return math.inf
 
 
 def _units_off(got: float, want: float) -> float:
@@ -213,28 +244,31 @@ def loses_in_float16(
     """
     if len(symbols) > MAX_SYMBOLS or sympy.count_ops(expr) > MAX_OPERATIONS:
         return True
-    stored = dict(stored or {})
+    stored = {symbol: e for symbol, e in (stored or {}).items() if symbol in expr.free_symbols}
     truth_expr = expr.subs(stored) if stored else expr
     try:
         exact = real_only(probe_code(list(symbols), truth_expr))
         saved = {s: real_only(probe_code(list(symbols), e)) for s, e in stored.items()}
     except Exception:  # (nothing mpmath can print: decide for float32)
         return True
+    compared = 0
     for point in points(symbols, scaled):
         want = _exact(exact, point)
         if want is None:
             continue
-        values = dict(zip(symbols, point))
-        for symbol, evaluate in saved.items():
-            value = _exact(evaluate, point)
-            if value is None:
-                break
-            values[symbol] = value
-        else:
-            try:
-                got = emulate(expr, values)
-            except Unsupported:
-                return True
-            if _units_off(got, want) > CONTRACT_UNITS:
-                return True
-    return False
+        inputs = dict(zip(symbols, point))
+        # A saved output is the exact value rounded where forward ran in float32, or forward's
+        # own float16 computation: the body must hold with either.
+        exact_saved = {symbol: _exact(evaluate, point) for symbol, evaluate in saved.items()}
+        if any(value is None for value in exact_saved.values()):
+            continue
+        try:
+            emulated_saved = {symbol: emulate(stored[symbol], inputs) for symbol in saved}
+            for saved_values in (exact_saved, emulated_saved) if saved else ({},):
+                got = emulate(expr, {**inputs, **saved_values})
+                if _units_off(got, want) > CONTRACT_UNITS:
+                    return True
+        except Unsupported:
+            return True
+        compared += 1
+    return compared == 0  # (no point to compare at is no evidence: float32)

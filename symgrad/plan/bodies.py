@@ -44,7 +44,7 @@ class Builder:
         self.outputs = self.p.outputs
         self.n_out = len(self.outputs)
         self.live = [not nd for nd in derivation.nondifferentiable]
-        # --save speed: the outputs past the user's are derivatives (derive.with_derivatives_as_outputs).
+        # --save speed: the outputs past the user's are derivatives (derive.save_speed.with_derivatives_as_outputs).
         self.n_user = self.n_out - len(derivation.derivatives)
         self.speed = bool(derivation.derivatives)
         # Names claimed on first use, and per-input counts of the terms speed_backward adds.
@@ -499,7 +499,7 @@ def _first_order_branch(
     grad: str, kernel: tuple[str, frozenset[str]], formula: list[Statement], sech_as_sigmoids: bool = False
 ) -> FirstOrderBranch:
     """A gradient: the kernel's call unless autograd records backward (double backward), the
-    formula then (see derive.differentiable_form for ``sech_as_sigmoids``)."""
+    formula then (see derive.second_order.differentiable_form for ``sech_as_sigmoids``)."""
     why = (
         [
             Comment("1/cosh(u)**2 is 4*sigmoid(2*u)*sigmoid(-2*u) here: autograd's derivative of the"),

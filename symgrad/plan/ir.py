@@ -306,7 +306,7 @@ class Plan:
     # temporaries in place; None where the two are the same.
     compiled_forward: Method | None = None
     # Double backward's own Function, where autograd's derivative of the create_graph formula
-    # would be nan or inaccurate (derive.autograd_loses_second_derivatives).
+    # would be nan or inaccurate (derive.second_order.autograd_loses_second_derivatives).
     second_derivative: SecondDerivative | None = None
     # Module-level helper functions the module's code calls (printer.HELPERS), as lines.
     helpers: tuple[str, ...] = ()
