@@ -29,18 +29,21 @@ INDUCTOR_INACCURATE = ("torch.atanh", "torch.expm1", "torch.special.erf")
 # that line.)
 INDUCTOR_LESS_ACCURATE_HELPERS = {"_log_ndtr": "torch.special.log_ndtr"}
 
-_ONE_OPERATION = "one elementwise operation"  # (the other reason is the inaccurate calls)
+@dataclass(frozen=True)
+class EagerReason:
+    """Why a fused module calls a body directly instead of compiled: the calls whose inductor
+    kernel is less accurate than ATen's, or none where the body is one elementwise operation."""
+
+    inaccurate_calls: tuple[str, ...] = ()
 
 
-def eager_reason(body: Method, scalars: frozenset[str]) -> str | None:
+def eager_reason(body: Method, scalars: frozenset[str]) -> EagerReason | None:
     """Why a fused module calls ``body`` directly instead of compiled, or None to compile it."""
     if one_elementwise_operation(body, scalars):
-        return _ONE_OPERATION
+        return EagerReason()
     called = calls(body)
-    inaccurate = [name for name in (*INDUCTOR_INACCURATE, *INDUCTOR_LESS_ACCURATE_HELPERS) if name in called]
-    if inaccurate:
-        return " and ".join(inaccurate)
-    return None
+    inaccurate = tuple(name for name in (*INDUCTOR_INACCURATE, *INDUCTOR_LESS_ACCURATE_HELPERS) if name in called)
+    return EagerReason(inaccurate) if inaccurate else None
 
 
 @dataclass(frozen=True)
@@ -177,14 +180,14 @@ def fused_description(
     for reason in dict.fromkeys(reason for _, _, reason in bodies if reason is not None):
         eager = [f"`{name}`" for _, name, r in bodies if r == reason]
         one = len(eager) == 1
-        if reason == _ONE_OPERATION:
+        if not reason.inaccurate_calls:
             text.append(
                 f"{listed(eager)} {'is' if one else 'are'} at most one elementwise operation{'' if one else ' each'} and"
                 f" run{'s' if one else ''} eagerly: one eager kernel is as fast, and a compiled call would only"
                 " add a guard check."
             )
         else:
-            called = reason.split(" and ")
+            called = reason.inaccurate_calls
             why = (
                 " inductor's CPU kernels for these lose relative accuracy near 0 (its expm1 is"
                 " exp(x) - 1), and ATen's are accurate."
@@ -192,7 +195,7 @@ def fused_description(
                 else " inductor compiles its kernel a few ulps less accurately than ATen's."
             )
             text.append(
-                f"{listed(eager)} call{'s' if one else ''} {reason}, so {'it runs' if one else 'they run'} eagerly:"
+                f"{listed(eager)} call{'s' if one else ''} {' and '.join(called)}, so {'it runs' if one else 'they run'} eagerly:"
                 + why
             )
     if speed_backward:
