@@ -661,7 +661,8 @@ class _Builder:
         if not any(isinstance(o, ast.BinOp) and type(o.op) in _LOGIC_OPERATORS for o in operands):
             return
         # Split each operand at its &/| and re-join the pieces around the comparisons.
-        groups, joins, current = [], [], [ast.unparse(node.left)]
+        pieces, joins = _split_logic(node.left)
+        groups, current = pieces[:-1], [pieces[-1]]
         for op, operand in zip(node.ops, node.comparators):
             pieces, between = _split_logic(operand)
             current.append(f"{_COMPARE_TEXT.get(type(op), '?')} {pieces[0]}")
@@ -675,8 +676,8 @@ class _Builder:
         )
         raise self.fail(
             node,
-            f"& and | bind tighter than comparisons, so Python reads {self.source(node)} as a chained"
-            f" comparison; put each comparison in parentheses: {suggestion}",
+            f"& and | bind tighter than comparisons, so {self.source(node)} compares the result of & or |"
+            f" (x > 0 & x < 1 is x > (0 & x) < 1); put each comparison in parentheses: {suggestion}",
         )
 
 
