@@ -78,8 +78,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 NAMES = ("x", "y", "z")
 # Functions with a kink or jump somewhere (or atan2's branch cut); everything else in the
 # table is smooth on the domain symgrad derives for it.
-KINKED = frozenset({"Abs", "abs", "sign", "Heaviside", "floor", "ceiling", "Max", "Min", "Piecewise", "atan2"})
-_SPECIAL = frozenset({"Piecewise", "Max", "Min", "log"} | set(REDUCTIONS))  # drawn by their own rules
+KINKED = frozenset(
+    {"Abs", "abs", "sign", "Heaviside", "floor", "ceiling", "round", "Max", "Min", "max", "min", "relu", "clamp"}
+    | {"Piecewise", "where", "atan2"}
+)
+_SPECIAL = frozenset({"Piecewise", "where", "Max", "Min", "max", "min", "log"} | set(REDUCTIONS))  # drawn by their own rules
 CONSTANTS = ("0", "1", "2", "3", "7", "1/2", "3/2", "2/3", "0.5", "2.5", "1e-3", "pi", "E", "10")
 EXPONENTS = ("2", "3", "(-1)", "(-2)", "(1/2)", "(3/2)", "0.5", "4")
 COMPARISONS = ("<", "<=", ">", ">=")
@@ -128,7 +131,9 @@ def trees(draw, names: tuple[str, ...], smooth: bool, depth: int = MAX_DEPTH) ->
         return f"log({draw(child)}, {draw(st.sampled_from(('2', '10', 'E', '1/2')))})"
     if kind == "max_min":
         args = draw(st.lists(child, min_size=1, max_size=3))
-        return f"{draw(st.sampled_from(('Max', 'Min')))}({', '.join(args)})"
+        return f"{draw(st.sampled_from(('Max', 'Min', 'max', 'min')))}({', '.join(args)})"
+    if kind == "piecewise" and draw(st.booleans()):
+        return f"where({draw(conditions(names, depth - 1))}, {draw(child)}, {draw(child)})"
     if kind == "piecewise":
         branches = draw(st.lists(st.tuples(child, conditions(names, depth - 1)), min_size=0, max_size=2))
         return "Piecewise(" + "".join(f"({v}, {c}), " for v, c in branches) + f"({draw(child)}, True))"
@@ -138,9 +143,9 @@ def trees(draw, names: tuple[str, ...], smooth: bool, depth: int = MAX_DEPTH) ->
 
 @st.composite
 def conditions(draw, names: tuple[str, ...], depth: int) -> str:
-    """A Piecewise condition: comparisons (chained too), combined with and/or/not."""
+    """A Piecewise condition: comparisons (chained too), combined with and/or/not or & | ~."""
     child = trees(names, False, max(depth - 1, 0))
-    kind = draw(st.sampled_from(("compare", "compare", "chain", "and_or", "not")))
+    kind = draw(st.sampled_from(("compare", "compare", "chain", "and_or", "not", "bitwise", "invert")))
     if kind == "compare":
         return f"{_paren(draw(child))} {draw(st.sampled_from(COMPARISONS))} {_paren(draw(child))}"
     if kind == "chain":
@@ -149,6 +154,10 @@ def conditions(draw, names: tuple[str, ...], depth: int) -> str:
     inner = conditions(names, max(depth - 1, 0))
     if kind == "and_or":
         return f"({draw(inner)}) {draw(st.sampled_from(('and', 'or')))} ({draw(inner)})"
+    if kind == "bitwise":
+        return f"({draw(inner)}) {draw(st.sampled_from(('&', '|')))} ({draw(inner)})"
+    if kind == "invert":
+        return f"~({draw(inner)})"
     return f"not ({draw(inner)})"
 
 

@@ -66,6 +66,19 @@ ACCEPTED = [
     ("Piecewise((x, x >= 0), (y, x <= -1), (z, True))", [sympy.Piecewise((x, x >= 0), (y, x <= -1), (z, True))]),
     ("Piecewise((x, x == 0), (y, x != 1), (0, True))", [sympy.Piecewise((x, sympy.Eq(x, 0)), (y, sympy.Ne(x, 1)), (0, True))]),
     ("Piecewise((x, True))", [x]),
+    ("Piecewise((x, (x > 0) & (y > 0)), (0, True))", [sympy.Piecewise((x, (x > 0) & (y > 0)), (0, True))]),
+    ("Piecewise((x, (x > 0) | (y > 0)), (0, True))", [sympy.Piecewise((x, (x > 0) | (y > 0)), (0, True))]),
+    ("Piecewise((x, ~(x > 0)), (0, True))", [sympy.Piecewise((x, x <= 0), (0, True))]),
+    ("Piecewise((x, (x > 0) & ~(y > 0) | (z < 1)), (0, True))", [sympy.Piecewise((x, ((x > 0) & (y <= 0)) | (z < 1)), (0, True))]),
+    ("where(x > 0, x, 0.1*x)", [sympy.Piecewise((x, x > 0), (sympy.Float("0.1") * x, True))]),
+    ("where((x > 0) & (y < 1), x, y)", [sympy.Piecewise((x, (x > 0) & (y < 1)), (y, True))]),
+    ("where(x > 0 and not y > 0, 1, 0)", [sympy.Piecewise((1, (x > 0) & (y <= 0)), (0, True))]),
+    ("relu(x)", [sympy.Max(x, 0)]),
+    ("clamp(x, -1, 1)", [sympy.Min(sympy.Max(x, -1), 1)]),
+    ("clamp(x, y, y + 1)", [sympy.Min(sympy.Max(x, y), y + 1)]),
+    ("max(x, y, 0)", [sympy.Max(x, y, 0)]),
+    ("min(x, y, z)", [sympy.Min(x, y, z)]),
+    ("max**2 + round", [sympy.Symbol("max", real=True) ** 2 + sympy.Symbol("round", real=True)]),  # builtins name symbols
     ("x > 0", [sympy.Piecewise((1, x > 0), (0, True))]),
     ("(x < y)*x", [sympy.Piecewise((1, x < y), (0, True)) * x]),
     ("x*y, x + y", [x * y, x + y]),
@@ -80,9 +93,9 @@ ACCEPTED = [
 ]
 # Every plain function of the table, applied to x (or x, y): the whitelist is the table.
 ACCEPTED += [
-    (f"{name}({', '.join('xy'[: min(entry.arity or (1,))])})", None)
+    (f"{name}({', '.join('xyz'[: min(entry.arity or (1,))])})", None)
     for name, entry in sorted(FUNCTIONS.items())
-    if name not in REDUCTIONS and name != "Piecewise"
+    if name not in REDUCTIONS and name not in ("Piecewise", "where")
 ]
 
 # (text, reduction per output)
@@ -150,6 +163,16 @@ REJECTED = [
     ("x << 1", "shifts"),
     ("x >> 1", "shifts"),
     ("~x", "the ~ operator"),
+    ("x > 0 & x < 1", "& and | bind tighter than comparisons, so x > 0 & x < 1 compares the result of & or |"),
+    ("x > 0 & x < 1", "put each comparison in parentheses: (x > 0) & (x < 1)"),
+    ("Piecewise((x, x > 0 | y > 0), (0, True))", "put each comparison in parentheses: (x > 0) | (y > 0)"),
+    ("Piecewise((x, (x > 0) & x < 1), (0, True))", "put each comparison in parentheses: (x > 0) & (x < 1)"),
+    ("where(x < -1 | x > 1 & y < 2, x, y)", "put each comparison in parentheses: (x < -1) | (x > 1) & (y < 2)"),
+    ("Piecewise((x, (x > 0) & y), (0, True))", "a Piecewise condition must be a comparison"),
+    ("where(x, 1, 0)", "a Piecewise condition must be a comparison"),
+    ("where(x > 0, 1)", "where() takes 3 arguments, got 2"),
+    ("clamp(x, 0)", "clamp() takes 3 arguments, got 2"),
+    ("relu", "'relu' is a function: call it"),
     ("not x", "'not' is only allowed inside a Piecewise condition"),
     ("x and y", "'and'/'or' are only allowed inside a Piecewise condition"),
     ("x or y", "'and'/'or' are only allowed"),

@@ -22,6 +22,7 @@ from sympy.printing.str import StrPrinter
 
 from ..errors import SymgradError
 from ..math.numbers import numbers_to_floats
+from ..math.rounding import round_half_even
 from ..math.functions import (
     erfcx,
     finite,
@@ -124,6 +125,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     sympy.Heaviside: lambda args: f"0.5 * (torch.sign({args[0]}) + 1)",
     sympy.floor: _call("torch.floor"),
     sympy.ceiling: _call("torch.ceil"),
+    round_half_even: _call("torch.round"),
     sympy.erf: _call("torch.special.erf"),
     sympy.erfc: _call("torch.special.erfc"),
     sympy.gamma: _one_call(_gamma),

@@ -11,6 +11,7 @@ from ..frontend.parse import Output, Parsed
 from ..math.accuracy import _as_accurate
 from ..math.functions import sigmoid
 from ..math.numbers import numbers_to_floats
+from ..math.rounding import round_half_even
 from ..math.simplify import op_count
 from ..rewrite.cost import CostModel, _minus_abs, _positive, reuse_shared_work
 from ..rewrite.kernels import whole_gradient_kernel
@@ -27,7 +28,7 @@ SPEED_MIN_OPS = 2
 # Work below this is cheap enough that a fused kernel recomputes it for free: sharing it is
 # no reason to write a derivative out and read it back (sqrt(x) and 1/x in sqrt(x) + 1/x).
 
-_CHEAP_FUNCTIONS = (sympy.Abs, sympy.sign, sympy.Heaviside, sympy.Piecewise, sympy.floor, sympy.ceiling)
+_CHEAP_FUNCTIONS = (sympy.Abs, sympy.sign, sympy.Heaviside, sympy.Piecewise, sympy.floor, sympy.ceiling, round_half_even)
 
 
 def _shares_work(forward: tuple[sympy.Expr, ...], derivative: sympy.Expr, fused: bool = False) -> bool:

@@ -15,6 +15,7 @@ import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
 from ..math.functions import erfcx, hypot, log_ndtr, logaddexp, ndtr, sigmoid, softplus, xlogy
+from ..math.rounding import round_half_even
 
 
 # Where a function's argument must lie, for sampling test inputs. OpInfo-style domains.
@@ -50,6 +51,20 @@ def _log(arg: sympy.Expr, base: sympy.Expr | None = None) -> sympy.Expr:
     return sympy.log(arg) if base is None else sympy.log(arg) / sympy.log(base)
 
 
+def _relu(arg: sympy.Expr) -> sympy.Expr:
+    return sympy.Max(arg, 0)
+
+
+def _clamp(arg: sympy.Expr, low: sympy.Expr, high: sympy.Expr) -> sympy.Expr:
+    # torch.clamp applies the minimum first, then the maximum: where low > high, it is high.
+    return sympy.Min(sympy.Max(arg, low), high)
+
+
+def _where(condition: sympy.logic.boolalg.Boolean, value: sympy.Expr, otherwise: sympy.Expr) -> sympy.Expr:
+    # (The parser parses the condition as a Piecewise condition and builds the same Piecewise.)
+    return sympy.Piecewise((value, condition), (otherwise, True))
+
+
 def _unary(name: str, fn: Callable[..., sympy.Expr], torch: str, domain: str | None = None, note: str = "") -> Entry:
     return Entry(name, fn, (1,), torch, domain, note)
 
@@ -80,10 +95,16 @@ FUNCTIONS: dict[str, Entry] = {
         _unary("sign", sympy.sign, "torch.sign"),
         Entry("Max", sympy.Max, None, "torch.maximum / torch.clamp", note="any arity, elementwise"),
         Entry("Min", sympy.Min, None, "torch.minimum / torch.clamp", note="any arity, elementwise"),
+        Entry("max", sympy.Max, None, "torch.maximum / torch.clamp", note="same as Max"),
+        Entry("min", sympy.Min, None, "torch.minimum / torch.clamp", note="same as Min"),
+        _unary("relu", _relu, "torch.clamp(x, min=0)", note="Max(x, 0)"),
+        Entry("clamp", _clamp, (3,), "torch.clamp / torch.maximum / torch.minimum", note="clamp(x, lo, hi) is Min(Max(x, lo), hi)"),
         Entry("Piecewise", sympy.Piecewise, None, "torch.where", note="Piecewise((a, cond), ..., (b, True))"),
+        Entry("where", _where, (3,), "torch.where(cond, a, b)", note="where(cond, a, b) is Piecewise((a, cond), (b, True))"),
         _unary("Heaviside", sympy.Heaviside, "torch.sign", note="Heaviside(0) = 1/2, as SymPy"),
         _unary("floor", sympy.floor, "torch.floor"),
         _unary("ceiling", sympy.ceiling, "torch.ceil"),
+        _unary("round", round_half_even, "torch.round", note="halves to even; gradient 0, so pair with --grad x=1"),
         _unary("erf", sympy.erf, "torch.special.erf"),
         _unary("erfc", sympy.erfc, "torch.special.erfc"),
         _unary("gamma", sympy.gamma, "torch.lgamma + sign", note="exp(lgamma(x)) with the sign of gamma"),

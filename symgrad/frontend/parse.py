@@ -53,10 +53,7 @@ _UNKNOWN_HINTS = {
     "ln": "use log(x)",
     "arctan": "use atan(x)",
     "pow": "use a**b",
-    "round": "use floor(x + 1/2)",
     "ceil": "use ceiling(x)",
-    "max": "use Max(a, b, ...)",
-    "min": "use Min(a, b, ...)",
 }
 
 _BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
@@ -68,6 +65,11 @@ _COMPARE = {
     ast.Eq: sympy.Eq,
     ast.NotEq: sympy.Ne,
 }
+_COMPARE_TEXT = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+# & and | combine conditions (as torch users write them), beside and/or.
+_LOGIC_OPERATORS = {ast.BitAnd: sympy.And, ast.BitOr: sympy.Or}
+_LOGIC_TEXT = {ast.BitAnd: "&", ast.BitOr: "|"}
+_CONDITION_PLACES = "Piecewise or where condition"
 # Why a construct is refused, in words a user recognises.
 
 _REFUSED_NODES = {
@@ -423,6 +425,8 @@ class _Builder:
                 return self.expr(node.operand)
             if isinstance(node.op, ast.Not):
                 raise self.fail(node, "'not' is only allowed inside a Piecewise condition")
+            if isinstance(node.op, ast.Invert):
+                raise self.fail(node, f"the ~ operator is only allowed inside a {_CONDITION_PLACES}, e.g. ~(a > b)")
             raise self.fail(node, f"{_REFUSED_OPERATORS.get(type(node.op), 'this operator')} is not supported")
         if isinstance(node, ast.BinOp):
             return self._binary(node)
@@ -470,6 +474,13 @@ class _Builder:
         return self.symbols[name]
 
     def _binary(self, node: ast.BinOp) -> sympy.Expr:
+        if type(node.op) in _LOGIC_OPERATORS:
+            join = _LOGIC_TEXT[type(node.op)]
+            raise self.fail(
+                node,
+                f"the {join} operator is only allowed between comparisons inside a {_CONDITION_PLACES},"
+                f" e.g. (a > b) {join} (c < d)",
+            )
         if type(node.op) not in _BINARY:
             raise self.fail(node, f"{_REFUSED_OPERATORS.get(type(node.op), 'this operator')} is not supported")
         left, right = self.expr(node.left), self.expr(node.right)
@@ -545,6 +556,10 @@ class _Builder:
         args = self._call_args(node, entry.arity)
         if name == "Piecewise":
             return self._piecewise(node, args)
+        if name == "where":
+            condition = self.condition(args[0])
+            value, otherwise = self.expr(args[1]), self.expr(args[2])
+            return self._build_piecewise(node, [(value, condition), (otherwise, sympy.true)])
         values = [self.expr(arg) for arg in args]
         if name == "log" and len(values) == 2:
             base = values[1]
@@ -616,6 +631,7 @@ class _Builder:
         if isinstance(node, ast.Constant) and isinstance(node.value, bool):
             return sympy.true if node.value else sympy.false
         if isinstance(node, ast.Compare):
+            self._check_logic_precedence(node)
             terms = [self.expr(node.left)] + [self.expr(c) for c in node.comparators]
             parts = []
             for op, left, right in zip(node.ops, terms, terms[1:]):
@@ -629,9 +645,49 @@ class _Builder:
         if isinstance(node, ast.BoolOp):
             combine = sympy.And if isinstance(node.op, ast.And) else sympy.Or
             return combine(*(self.condition(v) for v in node.values))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        if isinstance(node, ast.BinOp) and type(node.op) in _LOGIC_OPERATORS:
+            return _LOGIC_OPERATORS[type(node.op)](self.condition(node.left), self.condition(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.Invert)):
             return sympy.Not(self.condition(node.operand))
-        raise self.fail(node, "a Piecewise condition must be a comparison, and/or/not of comparisons, or True")
+        raise self.fail(
+            node, "a Piecewise condition must be a comparison, and/or/not (&, |, ~) of comparisons, or True"
+            " (so must where's first argument)"
+        )
+
+    def _check_logic_precedence(self, node: ast.Compare) -> None:
+        """Refuses ``x > 0 & x < 1``: & and | bind tighter than comparisons, so Python reads it
+        as the chain ``x > (0 & x) < 1``, never what was meant; suggests the parentheses."""
+        operands = [node.left, *node.comparators]
+        if not any(isinstance(o, ast.BinOp) and type(o.op) in _LOGIC_OPERATORS for o in operands):
+            return
+        # Split each operand at its &/| and re-join the pieces around the comparisons.
+        pieces, joins = _split_logic(node.left)
+        groups, current = pieces[:-1], [pieces[-1]]
+        for op, operand in zip(node.ops, node.comparators):
+            pieces, between = _split_logic(operand)
+            current.append(f"{_COMPARE_TEXT.get(type(op), '?')} {pieces[0]}")
+            for join, piece in zip(between, pieces[1:]):
+                groups.append(" ".join(current))
+                joins.append(join)
+                current = [piece]
+        groups.append(" ".join(current))
+        suggestion = " ".join(
+            [f"({groups[0]})"] + [f"{join} ({group})" for join, group in zip(joins, groups[1:])]
+        )
+        raise self.fail(
+            node,
+            f"& and | bind tighter than comparisons, so {self.source(node)} compares the result of & or |"
+            f" (x > 0 & x < 1 is x > (0 & x) < 1); put each comparison in parentheses: {suggestion}",
+        )
+
+
+def _split_logic(node: ast.AST) -> tuple[list[str], list[str]]:
+    """The operands of a chain of & and | (as source text) and the operators between them."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _LOGIC_OPERATORS:
+        left, left_joins = _split_logic(node.left)
+        right, right_joins = _split_logic(node.right)
+        return left + right, left_joins + [_LOGIC_TEXT[type(node.op)]] + right_joins
+    return [ast.unparse(node)], []
 
 
 class _ConditionTooLarge(Exception):

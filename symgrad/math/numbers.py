@@ -5,6 +5,7 @@ from __future__ import annotations
 import sympy
 
 from ..errors import SymgradError
+from .rounding import round_half_even
 
 
 def numbers_to_floats(expr: sympy.Basic) -> sympy.Basic:
@@ -63,7 +64,7 @@ def _without_unit_coefficient(expr: sympy.Basic) -> sympy.Basic:
 # SymPy's functions whose torch spelling keeps an integer or bool tensor's dtype (symgrad's
 # own functions say so themselves: StableFunction.keeps_dtype).
 
-_DTYPE_KEEPING = (sympy.Abs, sympy.sign, sympy.floor, sympy.ceiling, sympy.Min, sympy.Max)
+_DTYPE_KEEPING = (sympy.Abs, sympy.sign, sympy.floor, sympy.ceiling, round_half_even, sympy.Min, sympy.Max)
 
 
 def _floating_factor(factor: sympy.Basic) -> bool:

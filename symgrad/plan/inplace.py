@@ -102,7 +102,7 @@ class _Value:
 
 
 # Calls whose result has their first argument's dtype.
-_KEEPS_DTYPE = {"torch.abs", "torch.sign", "torch.floor", "torch.ceil", "torch.clamp", "torch.full_like"}
+_KEEPS_DTYPE = {"torch.abs", "torch.sign", "torch.floor", "torch.ceil", "torch.round", "torch.clamp", "torch.full_like"}
 # Calls whose result is not elementwise in its arguments.
 _IRREGULAR = {"torch.where", "torch.sum", "torch.mean"}  # (where: see _Rewriter.where)
 

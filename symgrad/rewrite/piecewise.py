@@ -12,6 +12,7 @@ from sympy.codegen.cfunctions import expm1
 
 from ..math.functions import guard, sigmoid, softplus
 from ..math.probe import moderate, probe_code, PROBE_FAILURES, real_only
+from ..math.rounding import round_half_even
 from .patterns import _expand, _number
 
 
@@ -232,7 +233,7 @@ def _guard_branch(value: sympy.Expr, taken: sympy.Basic, condition: sympy.Basic,
 
 # Piecewise-constant functions: autograd's derivative of each (torch.sign's, floor's) is 0.
 
-_STEPS = (sympy.sign, sympy.Heaviside, sympy.floor, sympy.ceiling)
+_STEPS = (sympy.sign, sympy.Heaviside, sympy.floor, sympy.ceiling, round_half_even)
 
 
 def _steps_as_constants(value: sympy.Expr) -> sympy.Expr:
