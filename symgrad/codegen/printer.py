@@ -16,7 +16,6 @@ from typing import Callable
 
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
-from sympy.core.function import _coeff_isneg
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
@@ -284,7 +283,7 @@ class TorchPrinter(StrPrinter):
         # b - a, one subtraction, where -a + b negates a first (a kernel more).
         terms = list(super()._as_ordered_terms(expr, order=order))
         if expr.is_Add:
-            first_positive = next((i for i, term in enumerate(terms) if not _coeff_isneg(term)), 0)
+            first_positive = next((i for i, term in enumerate(terms) if not _leads_with_minus(term)), 0)
             terms.insert(0, terms.pop(first_positive))
         return terms
 
@@ -568,3 +567,10 @@ def _number_branches(expr: sympy.Piecewise) -> bool:
             return True
         inner_is_number = False
     return False
+
+
+def _leads_with_minus(term: sympy.Expr) -> bool:
+    """Whether ``term`` prints with a leading minus: a negative number, or a product whose
+    numeric coefficient is negative (SymPy's private ``_coeff_isneg``, in its public API)."""
+    coefficient = term.as_coeff_Mul()[0]
+    return bool(coefficient.is_Number and coefficient.is_extended_negative)

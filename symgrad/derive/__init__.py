@@ -11,5 +11,3 @@ from .save_speed import with_derivatives_as_outputs as with_derivatives_as_outpu
 from .second_order import autograd_loses_second_derivatives as autograd_loses_second_derivatives
 from .second_order import differentiable_form as differentiable_form
 from .second_order import exact_second_derivatives as exact_second_derivatives
-from ..math.simplify import op_count as op_count
-from ..rewrite.cost import IDENTITIES as IDENTITIES

@@ -7,7 +7,7 @@ import textwrap
 
 import sympy
 
-from ..derive import IDENTITIES
+from ..rewrite.cost import IDENTITIES
 
 # ``__symgrad__``'s keys that a module leaves out at these values (Docs.metadata).
 _DEFAULTS = {

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import sympy
 
-from ..derive import Derivation, op_count
+from ..derive import Derivation
+from ..math.simplify import op_count
 from .code import unpack_target
 from .ir import Assign, Comment, Line, Method, Statement, Unpack, render_statements
 from .names import Names
