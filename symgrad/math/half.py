@@ -33,9 +33,6 @@ _HALF_EPS = 2.0**-10
 # Input magnitudes, log-spaced across float16's range, both signs.
 _MAGNITUDES = (1e-3, 0.1, 0.5, 1.0, 2.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1e3, 1e4, 6e4)
 _COARSE_MAGNITUDES = (1e-3, 0.5, 3.0, 30.0, 300.0, 1e4)
-# Upstream gradients and tangents: 1, and small and large ones, which overflow or
-# underflow in a product that the exact value does not.
-_SCALES = tuple(struct.unpack("e", struct.pack("e", s))[0] for s in (1.0, 1e-2, 1e2))  # (as float16 holds them)
 # Beyond these the probes would cost seconds (points grow as a power of the symbols, exact
 # evaluation with the size): such a body computes in float32 without being probed.
 MAX_SYMBOLS = 4
@@ -48,6 +45,11 @@ def to_half(value: float) -> float:
         return struct.unpack("e", struct.pack("e", value))[0]
     except OverflowError:  # (past 65504 once rounded)
         return math.copysign(math.inf, value)
+
+
+# Upstream gradients and tangents: 1, and small and large ones, which overflow or
+# underflow in a product that the exact value does not; as float16 holds them.
+_SCALES = tuple(to_half(s) for s in (1.0, 1e-2, 1e2))
 
 
 def _div(a: float, b: float) -> float:
