@@ -177,6 +177,14 @@ ERROR_CASES = [
     (["exp(x)", "--name", "Fast", "--save", "fast"], "invalid choice: 'fast'"),
     (["exp(x)", "--name", "Both", "--save", "speed", "--inplace"], "--save speed and --inplace cannot be combined"),
     (["x"], "--name"),
+    # symgrad report: a path that is not a symgrad module, an expression that does not parse
+    (["report", "missing.py"], "missing.py is not a file"),
+    (["report", "generated/keep.py"], "not a symgrad module"),
+    (["report", "log(1+", "--name", "Bad"], "invalid syntax"),
+    (["report", "sqr(x)", "--name", "Bad"], "unknown function 'sqr'"),
+    (["report", "exp(x)"], "give its class name with --name"),
+    (["report", "exp(x)", "--name", "E", "--size", "0"], "must be at least 1"),
+    (["report", "exp(x)", "--name", "E", "--colour"], "unrecognized arguments"),
 ]
 
 

@@ -27,7 +27,8 @@ LAYERS = (
     ("print", ("symgrad.codegen.printer",)),
     ("plan", ("symgrad.plan",)),
     ("codegen", ("symgrad.codegen",)),
-    ("cli", ("symgrad.cli", "symgrad.api", "symgrad.__main__", "symgrad")),
+    # The report runs generated modules (so it imports torch) and is called by the cli only.
+    ("cli", ("symgrad.cli", "symgrad.api", "symgrad.__main__", "symgrad", "symgrad.report")),
 )
 
 def _module_name(path: Path) -> str:

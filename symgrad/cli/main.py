@@ -1,4 +1,4 @@
-"""The ``symgrad`` command line: generate, regen, check, build."""
+"""The ``symgrad`` command line: generate, regen, check, build, report."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def _generate_parser() -> argparse.ArgumentParser:
         prog="symgrad",
         description="Generate a verified torch.autograd.Function from a SymPy expression.",
         epilog="Also: `symgrad regen [DIR] [--force]`, `symgrad check [DIR]`,"
-        " `symgrad build [--config pyproject.toml] [--force] [--check]`, `symgrad --list-functions`.",
+        " `symgrad build [--config pyproject.toml] [--force] [--check]`,"
+        " `symgrad report MODULE.py [--out DIR]`, `symgrad --list-functions`.",
     )
     parser.add_argument("expr", help='the expression, e.g. "sqrt(x)+1/x"; "a*b, a+b" gives two outputs')
     parser.add_argument("--name", required=True, help="class name, CamelCase, e.g. SqrtInverse")
@@ -135,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args[:1] == ["check"]:
             options = _dir_parser("check", "Exit 1 if any generated module differs from what regen would write.", False).parse_args(args[1:])
             return check(Path(options.dir))
+        if args[:1] == ["report"]:
+            # Imported here: the report runs torch, which the generator never imports.
+            from ..report.command import main as report
+
+            return report(args[1:])
         if args[:1] == ["build"]:
             options = _build_parser().parse_args(args[1:])
             return build(Path(options.config), force=options.force, check_only=options.check)
