@@ -35,7 +35,7 @@ def _generate_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="symgrad",
         description="Generate a verified torch.autograd.Function from a SymPy expression.",
-        epilog="Also: `symgrad regen [DIR] [--force]`, `symgrad check [DIR]`,"
+        epilog="Also: `symgrad regen [DIR] [--force]`, `symgrad check [DIR ...]`,"
         " `symgrad build [--config pyproject.toml] [--force] [--check]`,"
         " `symgrad report MODULE.py [--out DIR]`, `symgrad --list-functions`.",
     )
@@ -65,9 +65,12 @@ def _generate_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _dir_parser(command: str, help_text: str, force: bool) -> argparse.ArgumentParser:
+def _dir_parser(command: str, help_text: str, force: bool, many: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(prog=f"symgrad {command}", description=help_text)
-    parser.add_argument("dir", nargs="?", default="generated", help="folder of generated modules (default: generated/)")
+    if many:  # (check: a pre-commit hook passes every output folder of a project at once)
+        parser.add_argument("dir", nargs="*", default=["generated"], help="folders of generated modules (default: generated/)")
+    else:
+        parser.add_argument("dir", nargs="?", default="generated", help="folder of generated modules (default: generated/)")
     if force:
         parser.add_argument("--force", action="store_true", help="also overwrite files edited by hand")
     parser.add_argument("--debug", action="store_true", help="show a traceback on internal errors")
@@ -134,8 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             options = _dir_parser("regen", "Rebuild every generated module from its recorded spec.", True).parse_args(args[1:])
             return regen(Path(options.dir), force=options.force)
         if args[:1] == ["check"]:
-            options = _dir_parser("check", "Exit 1 if any generated module differs from what regen would write.", False).parse_args(args[1:])
-            return check(Path(options.dir))
+            options = _dir_parser("check", "Exit 1 if any generated module differs from what regen would write.", False, many=True).parse_args(args[1:])
+            return max([check(Path(directory)) for directory in options.dir])
         if args[:1] == ["report"]:
             # Imported here: the report runs torch, which the generator never imports.
             from ..report.command import main as report

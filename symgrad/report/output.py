@@ -148,10 +148,14 @@ def png(subject: Subject, accuracy: Accuracy, path: Path) -> None:
             axis.set_ylabel("relative error")
             what = "value" if quantity == VALUE else f"d/d{name}"
             title = str(subject.outputs[output].expr)
-            axis.set_title(f"{title}: {what}, {dtype} (x: inf/nan)", fontsize=9)
-            axis.legend(fontsize=7, loc="upper left")
+            axis.set_title(f"{title}: {what}, {dtype} (crosses: inf or nan)", fontsize=9)
+    # One legend for all panels, below them: inside a panel it would hide the inf/nan crosses.
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles += axes[0][-1].get_legend_handles_labels()[0][-1:]
+    labels += axes[0][-1].get_legend_handles_labels()[1][-1:]
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
     figure.suptitle(f"{subject.name}: error against mpmath", fontsize=11)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.4 / (3.2 * len(panels)), 1, 1))
     figure.savefig(path, dpi=90)
     plt.close(figure)
 
