@@ -4,7 +4,7 @@ Run from the repository root (1-3 minutes on 2 cores with a warm inductor cache;
 one adds 5-30 s per compile):
 
     python benchmarks/bench.py                      # N = 1e6 and 1e7, float32, CPU
-    python benchmarks/bench.py --sizes 1e6 --png bench.png --only Mish GELU
+    python benchmarks/bench.py --sizes 1e6 --png bench.png --only Mish GELU   # the chart: matplotlib
     python benchmarks/bench.py --device cuda --sizes 1e7 1e8   # on a GPU
 
 For every expression in EXPRESSIONS it generates four modules with
@@ -21,7 +21,10 @@ with a fixed upstream gradient) for six variants:
 - ``symgrad``: the generated Function (default mode, ``--save memory``);
 - ``speed``: the generated Function with ``--save speed``;
 - ``fused``: the generated Function with ``--fuse``;
-- ``fused_speed``: the generated Function with ``--fuse --save speed``.
+- ``fused_speed``: the generated Function with ``--fuse --save speed``;
+- ``torch``: torch's own function for the expression (``F.mish``, ``F.gelu``, ...), where
+  it has one: the table ``symgrad report`` compares with too
+  (``symgrad.report.references.TORCH_OWN``).
 
 Times are the median (with min and max) over ``--repeats`` runs after warm-up. The
 first call of ``compile`` and ``fused`` includes compiling; it is reported separately.
@@ -106,6 +109,10 @@ EXPRESSIONS = [
     ),
 ]
 
+# The benchmark's sets, each drawn as its own panel of the chart: the elementwise
+# expressions above, and the row-wise ones (softmax, norms, losses) once they are written.
+SETS = {"elementwise": EXPRESSIONS}
+
 # The baselines: each expression written by hand in torch, as an experienced user would
 # who wants the accuracy symgrad gives (GELU through erfc, whose tail does not cancel as
 # 1 + erf does; hypot, which does not overflow as sqrt(1 + x**2) does); inputs in the
@@ -142,16 +149,30 @@ def baseline(torch, module):
     source = f"lambda {', '.join(meta['inputs'])}: {BASELINES[meta['function']]}"
     code = compile(source, f"<baseline {meta['function']}>", "eval")  # (named in tracebacks)
     return eval(code, {"torch": torch, "F": F, "math": math})  # noqa: S307 (our own table)
+
+
+def torch_own(module):
+    """torch's own function for ``module``'s expression (``symgrad report``'s table), or None."""
+    from symgrad.report.references import as_function, torch_own_code
+
+    meta = module_metadata(module)
+    code = None if meta["params"] else torch_own_code(meta["expr"], meta["inputs"])
+    return None if code is None else as_function(code, meta["inputs"], f"torch's own {meta['function']}")
+
+
 VARIANTS = ("eager", "compile", "symgrad", "speed", "fused", "fused_speed")
 COMPILED = ("compile", "fused", "fused_speed")  # their first call compiles
 EAGER_KERNELS = ("eager", "symgrad", "speed")  # each torch op is one kernel: counted
-DISPLAY_NAMES = {"symgrad": "default", "fused_speed": "fused+speed"}  # in tables and the chart
+# torch's own function: timed where torch has one for the expression (Row.times may lack it).
+TORCH_OWN = "torch"
+DISPLAY_NAMES = {"symgrad": "default", "fused_speed": "fused+speed", TORCH_OWN: "torch's own"}  # in tables and the chart
 
 
 @dataclass
 class Row:
     name: str
     n: int
+    set: str = "elementwise"  # the key of SETS it belongs to
     times: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # median, min, max (ms)
     compile_s: dict[str, float] = field(default_factory=dict)
     saved: dict[str, int] = field(default_factory=dict)
@@ -194,7 +215,8 @@ def main() -> int:
     (package_dir / package / "__init__.py").write_text("")
     sys.path.insert(0, str(package_dir))
 
-    expressions = [e for e in EXPRESSIONS if not args.only or e[0] in args.only]
+    sets = {e[0]: set_name for set_name, members in SETS.items() for e in members}
+    expressions = [e for members in SETS.values() for e in members if not args.only or e[0] in args.only]
     modules = {}
     for name, expr, inputs, domain in expressions:
         try:
@@ -219,6 +241,7 @@ def main() -> int:
             if name not in modules:
                 continue
             row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth, device)
+            row.set = sets[name]
             if name in floors:
                 row.floor_saved = 4 * n * floors[name]
             rows.append(row)
@@ -311,6 +334,9 @@ def variants(torch, pair):
     fns = {"eager": eager_forward, "compile": torch.compile(eager_forward)}
     for variant in VARIANTS[2:]:
         fns[variant] = getattr(pair[variant], module_metadata(pair[variant])["alias"])
+    own = torch_own(pair["symgrad"])
+    if own is not None:
+        fns[TORCH_OWN] = own
     return fns
 
 
@@ -378,18 +404,11 @@ def _compiled_graphs(torch) -> int:
 
 
 def saved_bytes(torch, fn, xs) -> int:
-    """Bytes of the unique storages autograd saves for backward during one forward."""
-    storages = {}
+    """Bytes of the unique storages autograd saves for backward during one forward
+    (``symgrad report`` counts them the same way)."""
+    from symgrad.report.cost import saved_bytes as count
 
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        storages[(storage.data_ptr(), tensor.device)] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*xs)
-    del out
-    return sum(storages.values())
+    return count(torch, fn, xs)
 
 
 def kernel_count(torch, fn, xs, upstream) -> int:
@@ -475,7 +494,7 @@ def copy_bandwidth(torch, n: int, device) -> float:
 def progress_line(row: Row) -> str:
     if row.error:
         return f"  {row.name:<12} ERROR {row.error}"
-    parts = [f"{v} {row.times[v][0]:.2f}" for v in VARIANTS if v in row.times]
+    parts = [f"{DISPLAY_NAMES.get(v, v)} {row.times[v][0]:.2f}" for v in (*VARIANTS, TORCH_OWN) if v in row.times]
     return f"  {row.name:<12} " + ", ".join(parts) + " ms"
 
 
@@ -487,8 +506,8 @@ def table(rows: list[Row]) -> str:
     names = DISPLAY_NAMES
     head = (
         "| expression | N | "
-        + " | ".join(f"{names.get(v, v)} ms" for v in VARIANTS)
-        + " | floor ms | default/eager | speed/eager | fused/compile | fused+speed/compile | best fused/floor"
+        + " | ".join(f"{names.get(v, v)} ms" for v in (*VARIANTS, TORCH_OWN))
+        + f" | floor ms | default/eager | default/{names[TORCH_OWN]} | speed/eager | fused/compile | fused+speed/compile | best fused/floor"
         + " | saved MB " + " / ".join(names.get(v, v) for v in VARIANTS)
         + " | kernels " + " / ".join(names.get(v, v) for v in EAGER_KERNELS)
         + " | compile s (" + ", ".join(names.get(v, v) for v in COMPILED) + ") |"
@@ -500,10 +519,12 @@ def table(rows: list[Row]) -> str:
             lines.append(f"| {row.name} | {row.n:.0e} | error: {row.error} |" + " |" * (columns - 3))
             continue
         t = {v: row.times[v][0] for v in VARIANTS}
-        cells = [row.name, f"{row.n:.0e}"] + [fmt_time(row.times[v]) for v in VARIANTS]
+        own = row.times.get(TORCH_OWN)
+        cells = [row.name, f"{row.n:.0e}"] + [fmt_time(row.times[v]) for v in VARIANTS] + [fmt_time(own) if own else "-"]
         cells += [
             f"{row.floor_ms:.2f}",
             f"{t['symgrad'] / t['eager']:.2f}",
+            f"{t['symgrad'] / own[0]:.2f}" if own else "-",
             f"{t['speed'] / t['eager']:.2f}",
             f"{t['fused'] / t['compile']:.2f}",
             f"{t['fused_speed'] / t['compile']:.2f}",
@@ -559,6 +580,7 @@ def summary(rows: list[Row]) -> str:
 
         ratio = {
             "default/eager time": times("symgrad", "eager"),
+            "default/torch's own time": [r.times["symgrad"][0] / r.times[TORCH_OWN][0] for r in at if TORCH_OWN in r.times],
             "speed/eager time": times("speed", "eager"),
             "best of default, speed / eager": [min(r.times["symgrad"][0], r.times["speed"][0]) / r.times["eager"][0] for r in at],
             "fused/compile time": times("fused", "compile"),
@@ -611,7 +633,23 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# The chart's bars: (label, numerator, denominator) of a time ratio. A bar is left out of a
+# group whose row lacks its denominator (torch's own function, where torch has none).
+CHART_RATIOS = (
+    ("default / eager", "symgrad", "eager"),
+    ("speed / eager", "speed", "eager"),
+    ("default / torch's own", "symgrad", TORCH_OWN),
+    ("fused / compile", "fused", "compile"),
+    ("fused+speed / compile", "fused_speed", "compile"),
+)
+# The saved-bytes bars: the implementations whose bytes per element are drawn.
+CHART_SAVED = ("eager", TORCH_OWN, "compile", "symgrad", "speed", "fused")
+
+
 def chart(rows: list[Row], path: str) -> None:
+    """One figure row per (set, N): on the left the fwd+bwd time ratios against eager,
+    torch's own function and torch.compile, one bar group per case (below 1: symgrad is
+    faster); on the right the bytes saved for backward per element, with the floor."""
     try:
         import matplotlib
 
@@ -621,23 +659,45 @@ def chart(rows: list[Row], path: str) -> None:
         print(f"matplotlib is not installed: no chart written to {path}")
         return
     ok = [r for r in rows if not r.error]
-    sizes = sorted({r.n for r in ok})
-    figure, axes = plt.subplots(len(sizes), 1, figsize=(12, 4 * len(sizes)), squeeze=False)
-    for axis, n in zip(axes[:, 0], sizes):
-        at = [r for r in ok if r.n == n]
-        width = 0.8 / len(VARIANTS)
-        for k, variant in enumerate(VARIANTS):
-            values = [r.times[variant][0] / r.times["eager"][0] for r in at]
-            offset = (k - (len(VARIANTS) - 1) / 2) * width
-            axis.bar([i + offset for i in range(len(at))], values, width, label=DISPLAY_NAMES.get(variant, variant))
-        axis.scatter(range(len(at)), [r.floor_ms / r.times["eager"][0] for r in at], marker="_", color="k", s=200, label="bandwidth floor")
-        axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30)
-        axis.set_ylabel("fwd+bwd time / eager")
-        axis.set_title(f"N={n:.0e} float32 CPU")
-        axis.legend()
+    panels = sorted({(r.set, r.n) for r in ok}, key=lambda key: (list(SETS).index(key[0]), key[1]))
+    if not panels:
+        print(f"no rows without errors: no chart written to {path}")
+        return
+    figure, axes = plt.subplots(
+        len(panels), 2, figsize=(17, 4.2 * len(panels)), squeeze=False, gridspec_kw={"width_ratios": (3, 2)}
+    )
+    for (set_name, n), (times_axis, saved_axis) in zip(panels, axes):
+        at = [r for r in ok if (r.set, r.n) == (set_name, n)]
+        _bar_groups(times_axis, at, [
+            (label, [r.times[a][0] / r.times[b][0] if b in r.times else None for r in at]) for label, a, b in CHART_RATIOS
+        ])
+        times_axis.axhline(1, color="k", linewidth=0.8)
+        times_axis.set_ylabel("fwd+bwd time ratio (below 1: faster)")
+        times_axis.set_title(f"{set_name}, N={n:.0e} float32: time against eager, torch's own, compile")
+        _bar_groups(saved_axis, at, [
+            (DISPLAY_NAMES.get(v, v), [r.saved[v] / r.n if v in r.saved else None for r in at]) for v in CHART_SAVED
+        ])
+        floors = [(i, r.floor_saved / r.n) for i, r in enumerate(at) if r.floor_saved is not None]
+        if floors:
+            saved_axis.scatter(*zip(*floors), marker="_", color="k", s=300, zorder=3, label="floor")
+        saved_axis.set_ylabel("bytes saved for backward per element")
+        saved_axis.set_title(f"{set_name}: saved bytes")
+        for axis in (times_axis, saved_axis):
+            axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30)
+            axis.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, dpi=80)
     print(f"chart written to {path}")
+
+
+def _bar_groups(axis, rows: list[Row], series: list[tuple[str, list]]) -> None:
+    """One group of bars per row, one bar per series that has a value for it."""
+    width = 0.8 / len(series)
+    for k, (label, values) in enumerate(series):
+        offset = (k - (len(series) - 1) / 2) * width
+        points = [(i + offset, v) for i, v in enumerate(values) if v is not None]
+        if points:
+            axis.bar(*zip(*points), width, label=label)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ from symgrad.plan.docs import metadata_of
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
 
 
-def test_benchmark_runs_and_reports_every_variant():
+def test_benchmark_runs_and_reports_every_variant(tmp_path):
+    png = tmp_path / "bench.png"
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--sizes", "1e3", "--only", "Double", "Mish", "--repeats", "1", "--warmup", "0"],
+        [sys.executable, str(BENCH), "--sizes", "1e3", "--only", "Double", "Mish", "--repeats", "1", "--warmup", "0",
+         "--png", str(png)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -28,6 +30,17 @@ def test_benchmark_runs_and_reports_every_variant():
     out = result.stdout
     assert "ERROR" not in out and "generation failed" not in out, out
     assert "| Double | 1e+03 |" in out and "| Mish | 1e+03 |" in out, out
+    # torch's own function is timed where torch has one (F.mish), and only there
+    mish = next(line for line in out.splitlines() if line.startswith("| Mish |")).split(" | ")
+    double = next(line for line in out.splitlines() if line.startswith("| Double |")).split(" | ")
+    column = out.splitlines()[[l.startswith("| expression") for l in out.splitlines()].index(True)].split(" | ").index("torch's own ms")
+    assert mish[column][0].isdigit() and double[column] == "-"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not png.exists()
+    else:
+        assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), out
     for line in ("default/eager time", "fused/compile time", "default/eager kernels", "default/eager saved bytes", "floor/eager saved bytes"):
         assert line in out, line
 

@@ -183,6 +183,7 @@ ERROR_CASES = [
     (["report", "log(1+", "--name", "Bad"], "invalid syntax"),
     (["report", "sqr(x)", "--name", "Bad"], "unknown function 'sqr'"),
     (["report", "exp(x)"], "give its class name with --name"),
+    (["report", "x/y"], "give its class name with --name"),
     (["report", "exp(x)", "--name", "E", "--size", "0"], "must be at least 1"),
     (["report", "exp(x)", "--name", "E", "--colour"], "unrecognized arguments"),
 ]

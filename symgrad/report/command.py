@@ -84,10 +84,10 @@ def main(argv: Sequence[str]) -> int:
 
 def _load(options: argparse.Namespace) -> Subject:
     target = options.target
-    looks_like_path = target.endswith(".py") or "/" in target or Path(target).is_file()
-    if looks_like_path and options.name is None:
-        return load_module_file(Path(target))
     if options.name is None:
+        # (An expression may hold "/", as in x/y: only --name makes TARGET an expression.)
+        if target.endswith(".py") or Path(target).exists():
+            return load_module_file(Path(target))
         raise SymgradError(f"{target!r} is not a .py file: to report on an expression, give its class name with --name")
     spec = Spec(
         expr=target,
