@@ -143,3 +143,18 @@ def test_full_report_with_timing_and_compile(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "torch.compile" in out and "saved B/element" in out
+
+
+def test_progress_shows_on_a_terminal(monkeypatch, capsys):
+    pytest.importorskip("tqdm")
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert _report() == 0
+    assert "accuracy:   0%" in terminal.getvalue() and "/246 " in terminal.getvalue()  # points x dtypes
+    assert "accuracy: " not in capsys.readouterr().out.split("\n", 2)[0]  # (the bar is not on stdout)

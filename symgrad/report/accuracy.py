@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import sympy
 
@@ -128,16 +128,25 @@ def anchor_values(subject: Subject, domain: dict[str, tuple[float, float]]) -> d
     return anchors
 
 
+class _NoProgress:
+    def update(self, count: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def measure(
     subject: Subject,
     domain: dict[str, tuple[float, float]],
     per_decade: int = 2,
     dtypes: Sequence[str] = DTYPES,
-    progress: Callable[[Iterable], Iterable] = lambda items: items,
+    progress: Callable[[int], Any] = lambda total: _NoProgress(),
 ) -> Accuracy:
     """Every implementation's errors along every input, in every dtype.
 
-    ``progress`` wraps the loop over (input, dtype) pairs and points (a tqdm bar, or nothing).
+    ``progress(total)`` makes a bar (``update(count)``, ``close()``, as tqdm's) that
+    counts the exact evaluations, the slow part: one per point, output, input and dtype.
     """
     import torch
 
@@ -145,31 +154,55 @@ def measure(
     symbols = subject.symbols
     by_name = {s.name: s for s in symbols}
     surrogate = set(subject.surrogate)
-    tasks = [(name, dtype) for name in subject.inputs for dtype in dtypes]
-    for name, dtype in progress(tasks):
-        torch_dtype = getattr(torch, dtype)
-        info = torch.finfo(torch_dtype)
-        along = by_name[name]
-        raw = sweep_points([out.expr for out in subject.outputs], along, per_decade)
-        # The points as the dtype holds them: the exact values are computed at those.
-        held = sorted({float(torch.tensor(p, dtype=torch_dtype)) for p in raw if abs(p) <= info.max})
-        truths = [Truth(out.expr, symbols, along) for out in subject.outputs]
-        exact = [[truth.at(_point(subject, result.anchors, name, x)) for x in held] for truth in truths]
-        for label, function in subject.implementations.items():
-            got = _evaluate(subject, function, result.anchors, name, held, torch_dtype)
-            for index in range(len(subject.outputs)):
-                for quantity, column in ((VALUE, 0), (GRADIENT, 1)):
-                    if quantity == GRADIENT and name in surrogate:
-                        continue  # a surrogate gradient is not the derivative, by design
-                    xs, errors = [], []
-                    for k, x in enumerate(held):
-                        want = exact[index][k][column]
-                        if math.isnan(want):
-                            continue  # outside the domain, or a pole
-                        xs.append(x)
-                        errors.append(error_in_eps(got[index][column][k], want, info))
-                    result.curves.append(Curve(index, name, quantity, dtype, label, tuple(xs), tuple(errors)))
+    tasks = []
+    for name in subject.inputs:
+        raw = sweep_points([out.expr for out in subject.outputs], by_name[name], per_decade)
+        for dtype in dtypes:
+            info = torch.finfo(getattr(torch, dtype))
+            # The points as the dtype holds them: the exact values are computed at those.
+            held = sorted({float(torch.tensor(p, dtype=getattr(torch, dtype))) for p in raw if abs(p) <= info.max})
+            tasks.append((name, dtype, held))
+    bar = progress(sum(len(held) for _, _, held in tasks) * len(subject.outputs))
+    try:
+        for name, dtype, held in tasks:
+            _measure_sweep(subject, result, name, dtype, held, surrogate, bar)
+    finally:
+        bar.close()
     return result
+
+
+def _measure_sweep(
+    subject: Subject, result: Accuracy, name: str, dtype: str, held: list[float], surrogate: set[str], bar: Any
+) -> None:
+    """Add the curves along input ``name`` in ``dtype``, at the points ``held``, to ``result``."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    info = torch.finfo(torch_dtype)
+    symbols = subject.symbols
+    along = next(s for s in symbols if s.name == name)
+    exact = []
+    for out in subject.outputs:
+        truth = Truth(out.expr, symbols, along)
+        values = []
+        for x in held:
+            values.append(truth.at(_point(subject, result.anchors, name, x)))
+            bar.update(1)
+        exact.append(values)
+    for label, function in subject.implementations.items():
+        got = _evaluate(subject, function, result.anchors, name, held, torch_dtype)
+        for index in range(len(subject.outputs)):
+            for quantity, column in ((VALUE, 0), (GRADIENT, 1)):
+                if quantity == GRADIENT and name in surrogate:
+                    continue  # a surrogate gradient is not the derivative, by design
+                xs, errors = [], []
+                for k, x in enumerate(held):
+                    want = exact[index][k][column]
+                    if math.isnan(want):
+                        continue  # outside the domain, or a pole
+                    xs.append(x)
+                    errors.append(error_in_eps(got[index][column][k], want, info))
+                result.curves.append(Curve(index, name, quantity, dtype, label, tuple(xs), tuple(errors)))
 
 
 def _point(subject: Subject, anchors: dict[str, float], name: str, x: float) -> list[float]:

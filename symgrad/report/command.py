@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable, Iterable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from ..errors import SymgradError
 from ..naming import snake_case
@@ -62,7 +62,8 @@ def main(argv: Sequence[str]) -> int:
         raise SymgradError(f"--out {out}: it exists and is not a folder")
     subject = _load(options)
     progress = _progress_bar()
-    measured = accuracy.measure(subject, subject.domain, options.points_per_decade, progress=progress)
+    extra = {} if progress is None else {"progress": progress}
+    measured = accuracy.measure(subject, subject.domain, options.points_per_decade, **extra)
     costs = []
     if not options.no_timing:
         costs = cost.measure(subject, int(options.size), options.repeats, not options.no_compile, threads=options.threads)
@@ -101,15 +102,16 @@ def _load(options: argparse.Namespace) -> Subject:
     return load_expression(spec)
 
 
-def _progress_bar() -> Callable[[Iterable], Iterable]:
-    """A tqdm bar on stderr while stderr is a terminal; otherwise (or without tqdm) none."""
+def _progress_bar() -> Callable[[int], Any] | None:
+    """A tqdm bar over the accuracy points (of every input and dtype) on stderr while it is
+    a terminal; otherwise, or without tqdm, None (no bar)."""
     if not sys.stderr.isatty():
-        return lambda items: items
+        return None
     try:
         from tqdm import tqdm
     except ImportError:
-        return lambda items: items
-    return lambda items: tqdm(items, desc="accuracy (input, dtype)", file=sys.stderr, leave=False)
+        return None
+    return lambda total: tqdm(total=total, desc="accuracy", unit="pt", file=sys.stderr, leave=False)
 
 
 def _expression_last(args: list[str]) -> list[str]:
