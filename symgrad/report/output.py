@@ -15,10 +15,12 @@ from .subject import Subject
 
 # The epsilon of each dtype (torch.finfo(...).eps), for the picture's reference line.
 EPSILON = {"float32": 2.0**-23, "float64": 2.0**-52}
-# Errors at most this many epsilons count as exact in the table's verdict.
+# The table lists the points where an error is above this many epsilons (the tests hold
+# symgrad to torch's own kernels within 4 ulps), or not finite.
 ROUNDING_ULPS = 4
-# Where the picture draws points that are exact (0 error) and points that are inf or nan,
-# relative to the plotted range.
+# The relative error at which the picture draws inf or nan results (as crosses): above any
+# finite error worth telling apart (1 is every digit wrong). Exact results sit at the
+# bottom, at a hundredth of the dtype's epsilon.
 NON_FINITE_Y = 1e3
 # The x axis is symmetric-log: these decades label it on both sides of 0.
 X_TICKS = (-1e30, -1e20, -1e10, -1.0, -1e-10, -1e-20, 0.0, 1e-20, 1e-10, 1.0, 1e10, 1e20, 1e30)
@@ -62,7 +64,7 @@ def table(subject: Subject, accuracy: Accuracy, costs: Sequence[Cost], size: int
             for label in labels:
                 cells = [_cell(index.get((output, name, quantity, dtype, label))) for dtype, quantity in quantities]
                 lines.append("    " + label.ljust(width) + "".join(c.ljust(column) for c in cells).rstrip())
-    worst = _worst_points(accuracy)
+    worst = _worst_points(subject, accuracy)
     if worst:
         lines.append("  worst points (error over %d ulps or not finite):" % ROUNDING_ULPS)
         lines.extend(f"    {line}" for line in worst)
@@ -76,7 +78,7 @@ def table(subject: Subject, accuracy: Accuracy, costs: Sequence[Cost], size: int
     return "\n".join(lines)
 
 
-def _worst_points(accuracy: Accuracy, limit: int = 8) -> list[str]:
+def _worst_points(subject: Subject, accuracy: Accuracy, limit: int = 8) -> list[str]:
     bad = [c for c in accuracy.curves if c.worst[0] > ROUNDING_ULPS]
     bad.sort(key=lambda c: (-c.non_finite, -c.worst[0]))
     lines = []
@@ -84,7 +86,8 @@ def _worst_points(accuracy: Accuracy, limit: int = 8) -> list[str]:
         worst, x = curve.worst
         what = "inf or nan" if math.isinf(worst) else f"{worst:.3g} ulps"
         along = f"d/d{curve.input}" if curve.quantity == GRADIENT else "value"
-        lines.append(f"{curve.implementation}, {curve.dtype} {along}: {what} at {curve.input}={x:.4g}")
+        output = f"output {curve.output + 1} " if len(subject.outputs) > 1 else ""
+        lines.append(f"{curve.implementation}, {curve.dtype} {output}{along}: {what} at {curve.input}={x:.4g}")
     if len(bad) > limit:
         lines.append(f"... and {len(bad) - limit} more")
     return lines
