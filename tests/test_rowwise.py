@@ -71,6 +71,28 @@ CASES = [
         "-sum(softmax(x, -1)*log_softmax(x, -1), -1)",
         lambda x: torch.distributions.Categorical(logits=x).entropy(),
     ),
+    Case(
+        "LayerNorm",
+        "(x - mean(x, -1))/sqrt(mean((x - mean(x, -1))**2, -1) + eps)*w + b",
+        lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
+        inputs=("x", "w", "b"),
+        params=("eps",),
+        shapes={"w": (6,), "b": (6,)},
+        values={"eps": 1e-5},
+    ),
+    Case(
+        "LabelSmoothedCrossEntropy",
+        "mean(-(1 - s)*gather(log_softmax(x, -1), t) - s*mean(log_softmax(x, -1), -1))",
+        lambda x, t, s: F.cross_entropy(x, t, label_smoothing=s),
+        params=("t", "s"),
+        values={"t": _targets, "s": 0.1},
+    ),
+    Case("SwiGLU", "chunk(x, 2, 0)*sigmoid(chunk(x, 2, 0))*chunk(x, 2, 1)", lambda x: F.silu(x[..., :3]) * x[..., 3:]),
+    Case(
+        "TextbookEntropy",
+        "-sum(exp(x)/sum(exp(x), -1)*log(exp(x)/sum(exp(x), -1)), -1)",
+        lambda x: torch.distributions.Categorical(logits=x).entropy(),
+    ),
     Case("RowMax", "amax(x, -1)", lambda x: torch.amax(x, -1)),
     Case("SumSquares", "sum(x**2)", lambda x: (x**2).sum()),
     Case("Normalized", "x/sum(x)", lambda x: x / x.sum(), shapes={"x": (3, 4)}),
@@ -230,3 +252,21 @@ def test_saves_at_most_one_full_tensor_plus_row_values(case, modules):
 def test_bad_row_functions_are_refused(expr, message):
     with pytest.raises(SymgradError, match=message):
         generate_source(expr, "Bad")
+
+
+@pytest.mark.parametrize("name", ["Softmax", "LogSoftmax", "LogSumExp", "CrossEntropy", "TextbookEntropy"])
+def test_textbook_formulas_are_exact_at_any_logit_scale(name, modules):
+    """exp(x)/sum(exp(x)) and log(sum(exp(x))) become torch's max-shifted kernels: finite and
+    equal to torch's own at logits of 1e4, where the textbook formula overflows."""
+    case = next(c for c in CASES if c.name == name)
+    tensors, params = _args(case, dtype=torch.float32)
+    scaled = [(1e4 * t.detach()).requires_grad_() for t in tensors]
+    got = _alias(modules[name])(*scaled, *params)
+    torch.testing.assert_close(got, case.reference(*scaled, *params), rtol=1e-5, atol=1e-3)
+    got.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in scaled)
+
+
+def test_a_chunk_count_that_does_not_divide_is_refused_at_call_time(modules):
+    with pytest.raises(RuntimeError, match="unflatten"):
+        _alias(modules["SwiGLU"])(torch.randn(2, 5))

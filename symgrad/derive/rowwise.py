@@ -19,7 +19,7 @@ from typing import Union
 
 import sympy
 
-from ..math.reductions import Gather, ReduceSum, RowFunction, WHOLE, dims_tuple
+from ..math.reductions import Chunk, ChunkCat, Gather, ReduceSum, RowFunction, WHOLE, dims_tuple
 
 EVERY = "every"  # every dim reduced: a 0-d value
 Dims = Union[frozenset, str]
@@ -150,6 +150,8 @@ def vjp(
         if node not in adjoint or node in wanted or not (node.free_symbols & wanted):
             continue
         upstream = adjoint[node]
+        if isinstance(node, Chunk):
+            continue  # (its input's gradient puts the chunks' side by side, below)
         if isinstance(node, RowFunction):
             contributions = [(node.operand, node.vjp(upstream))]
         else:
@@ -159,6 +161,11 @@ def vjp(
                 continue
             value = _summed_to(value, shapes.of(arg), shapes.of(node) if not isinstance(node, RowFunction) else None)
             adjoint[arg] = adjoint.get(arg, sympy.S.Zero) + value
+    for node in list(adjoint):
+        if isinstance(node, Chunk) and node.operand in wanted and node.operand in inputs:
+            pieces = [adjoint.get(Chunk(node.operand, node.count, k), sympy.S.Zero) for k in range(node.count)]
+            if node.index == next(k for k, p in enumerate(pieces) if p != 0):  # (once per input)
+                adjoint[node.operand] = adjoint.get(node.operand, sympy.S.Zero) + ChunkCat(*pieces)
     return tuple(adjoint.get(x, sympy.S.Zero) for x in inputs)
 
 

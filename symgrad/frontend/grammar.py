@@ -132,11 +132,12 @@ FUNCTIONS: dict[str, Entry] = {
         Entry("softmax", lambda arg: arg, (2,), "torch.softmax", note="softmax(e, dim), one dim"),
         Entry("log_softmax", lambda arg: arg, (2,), "torch.log_softmax", note="log_softmax(e, dim), one dim"),
         Entry("gather", lambda arg: arg, (2,), "torch.gather", note="gather(e, t): e[..., t] along the last dim"),
+        Entry("chunk", lambda arg: arg, (3,), "Tensor.unflatten", note="chunk(x, n, i): the i-th of n equal chunks along the last dim"),
     )
 }
 
 REDUCTIONS = ("sum", "mean")  # the whole-output reductions of the elementwise path
-ROW_FUNCTIONS = ("sum", "mean", "amax", "amin", "logsumexp", "norm", "softmax", "log_softmax", "gather")
+ROW_FUNCTIONS = ("sum", "mean", "amax", "amin", "logsumexp", "norm", "softmax", "log_softmax", "gather", "chunk")
 
 # Named constants users may write. Everything else that is a bare name is a symbol.
 

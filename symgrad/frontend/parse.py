@@ -604,6 +604,8 @@ class _Builder:
                 raise self.fail(args[1], "gather(e, t) needs t, the integer class-index tensor, by its name")
             index = self._name(args[1])
             return reductions.Gather(operand, index)
+        if name == "chunk":
+            return self._chunk(node, operand, args)
         dims = self._dims(args[1], name) if len(args) == 2 else reductions.WHOLE
         if name in ("softmax", "log_softmax") and len(dims) != 1:
             raise self.fail(args[1], f"{name}(e, dim) takes one dim, got {self.source(args[1])}")
@@ -620,6 +622,27 @@ class _Builder:
         if not operand.free_symbols:
             raise self.fail(node, f"{name}() of a constant has no shape to reduce; write the constant")
         return kind(operand, dims)
+
+    def _chunk(self, node: ast.Call, operand: sympy.Expr, args: list[ast.AST]) -> sympy.Expr:
+        """chunk(x, n, i): the i-th of n equal chunks of the input x along its last dim."""
+        if not isinstance(operand, sympy.Symbol):
+            raise self.fail(args[0], "chunk(x, n, i) cuts an input: its first argument must be a name")
+        count, index = (self._literal_int(arg, "chunk") for arg in args[1:])
+        if count < 1:
+            raise self.fail(args[1], f"chunk(x, n, i) needs n >= 1, got {count}")
+        if not 0 <= index < count:
+            raise self.fail(args[2], f"chunk(x, {count}, i) needs 0 <= i < {count}, got {index}")
+        return reductions.Chunk(operand, sympy.Integer(count), sympy.Integer(index))
+
+    def _literal_int(self, node: ast.AST, name: str) -> int:
+        value, sign = node, 1
+        if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
+            value, sign = value.operand, -1
+        if not (isinstance(value, ast.Constant) and type(value.value) is int):
+            raise self.fail(node, f"{name}() takes a literal int here, got {self.source(node)}")
+        if abs(value.value) > 2**16:
+            raise self.fail(node, f"{name}() takes at most {2**16} chunks")
+        return sign * value.value
 
     def _dims(self, node: ast.AST, name: str) -> sympy.Tuple:
         """A dim argument: an int literal (negative counts from the end) or a tuple of them."""

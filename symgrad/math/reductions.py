@@ -223,6 +223,51 @@ class Gather(RowFunction):
         return f"gather({printer._print(self.operand)}, {printer._print(self.index)})"
 
 
+class Chunk(RowFunction):
+    """The ``i``-th of ``n`` equal chunks of an input along its last dim.
+
+    Printed through ``unflatten``, which refuses a last dim that ``n`` does not divide (where
+    ``torch.chunk`` would make the last chunk shorter)."""
+
+    torch_name = "chunk"
+    keeps_shape = True  # (no dim reduced; the last is n times shorter)
+
+    @property
+    def dims(self) -> sympy.Tuple:
+        return sympy.Tuple(sympy.Integer(-1))
+
+    @property
+    def count(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def index(self) -> int:
+        return int(self.args[2])
+
+    def jvp(self, tangent):
+        return Chunk(tangent, *self.args[1:])
+
+    def _symgrad_torch(self, printer) -> str:
+        return f"{_operand(printer, self.operand)}.unflatten(-1, ({self.count}, -1))[..., {self.index}, :]"
+
+    def _sympystr(self, printer) -> str:
+        return f"chunk({printer._print(self.operand)}, {self.count}, {self.index})"
+
+
+class ChunkCat(sympy.Function):
+    """The ``n`` chunks' gradients side by side along the last dim (a chunk no output reads
+    gets zeros): the gradient of the input they were cut from."""
+
+    def _symgrad_torch(self, printer) -> str:
+        pieces = [printer._print(a) if a != 0 else None for a in self.args]
+        like = next(p for p in pieces if p is not None)
+        filled = [p if p is not None else f"torch.zeros_like({like})" for p in pieces]
+        return f"torch.cat(({', '.join(filled)}), -1)"
+
+    def _sympystr(self, printer) -> str:
+        return f"cat({', '.join(printer._print(a) for a in self.args)})"
+
+
 class Count(sympy.Function):
     """How many elements of ``e`` a reduction along ``dims`` takes (a Python int at run time).
 
@@ -298,7 +343,7 @@ def _operand(printer, expr: sympy.Expr) -> str:
     return text if expr.is_Symbol or isinstance(expr, sympy.Function) else f"({text})"
 
 
-ROW_FUNCTIONS = (ReduceSum, ReduceMean, ReduceMax, ReduceMin, LogSumExp, Norm, Softmax, LogSoftmax, Gather)
+ROW_FUNCTIONS = (ReduceSum, ReduceMean, ReduceMax, ReduceMin, LogSumExp, Norm, Softmax, LogSoftmax, Gather, Chunk)
 
 
 def is_rowwise(expr: sympy.Basic) -> bool:

@@ -24,6 +24,8 @@ import sympy
 from ..codegen.printer import print_torch
 from ..derive.rowwise import EVERY, jvp, reduced_dims, vjp
 from ..math.reductions import (
+    Count,
+    Gather,
     LogSoftmax,
     Reduction,
     ReduceMean,
@@ -86,7 +88,7 @@ class _Planner:
     # -- what backward saves ------------------------------------------------------------
 
     def saving(self) -> _Saving:
-        raw = vjp(list(self.outputs), self.adjoints, self.inputs)
+        raw = tuple(self.counted_by_inputs(v) for v in vjp(list(self.outputs), self.adjoints, self.inputs))
         options = [self._with_stats(raw, outputs=False), self._with_stats(raw, outputs=True)]
         return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
 
@@ -111,6 +113,13 @@ class _Planner:
         read_outputs = tuple(i for i, r in enumerate(self.result_symbols) if r in used)
         kept_stats = tuple((symbol, node) for node, symbol in stats.items() if symbol in used)
         return _Saving(vjps, read_inputs, read_outputs, kept_stats)
+
+    def counted_by_inputs(self, expr: sympy.Expr) -> sympy.Expr:
+        """``expr`` with each Count read from the inputs' shapes alone: a param may be a
+        Python number, which has none (a gather's index keeps its own)."""
+        indices = {node.index for node in sympy.preorder_traversal(expr) if isinstance(node, Gather)}
+        numbers = {p: sympy.S.One for p in self.params if p not in indices}
+        return expr.replace(lambda e: isinstance(e, Count), lambda e: Count(e.args[0].xreplace(numbers), e.args[1]))
 
     # -- the methods ---------------------------------------------------------------------
 
@@ -262,7 +271,7 @@ class _Planner:
         )
 
     def jvp(self) -> tuple[Method, tuple[str, ...]]:
-        tangents = jvp(list(self.outputs), self.tangent_symbols, self.inputs)
+        tangents = [self.counted_by_inputs(t) for t in jvp(list(self.outputs), self.tangent_symbols, self.inputs)]
         statements, reduced = self.cse(list(tangents), "u")
         values = [self.squeezed(e, self.reduced[i]) for i, e in enumerate(reduced)]
         names = [s.name for s in self.inputs + self.params]
@@ -317,6 +326,8 @@ def stabilised(expr: sympy.Expr) -> sympy.Expr:
     ``exp(e - logsumexp(e, d))`` softmax."""
 
     def rewrite(node: sympy.Expr) -> sympy.Expr:
+        if isinstance(node, sympy.log) and type(node.args[0]) is Softmax:
+            return LogSoftmax(*node.args[0].args)
         if isinstance(node, sympy.log) and isinstance(node.args[0], ReduceSum):
             inner = node.args[0].operand
             if isinstance(inner, sympy.exp):
