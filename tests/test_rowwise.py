@@ -99,6 +99,13 @@ CASES = [
     ),
     Case("RowMax", "amax(x, -1)", lambda x: torch.amax(x, -1)),
     Case("SumSquares", "sum(x**2)", lambda x: (x**2).sum()),
+    # shapes: reductions meeting whole-tensor ones, tuple dims, a positive dim
+    Case("RowSums", "sum(x, -1)", lambda x: x.sum(-1)),
+    Case("RowsTimesMean", "sum(x, -1)*mean(x)", lambda x: x.sum(-1) * x.mean()),
+    Case("MeanOfRowMax", "mean(amin(x, -1))", lambda x: torch.amin(x, -1).mean()),
+    Case("Centered", "x - mean(x, (-2, -1))", lambda x: x - x.mean((-2, -1), keepdim=True), shapes={"x": (2, 3, 4)}),
+    Case("ColumnSoftmax", "softmax(x, 0)", lambda x: torch.softmax(x, 0)),
+    Case("ColumnNorms", "norm(x, 0)", lambda x: torch.linalg.vector_norm(x, dim=0)),
     Case("Normalized", "x/sum(x)", lambda x: x / x.sum(), shapes={"x": (3, 4)}),
 ]
 

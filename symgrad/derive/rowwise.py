@@ -19,16 +19,19 @@ from typing import Union
 
 import sympy
 
-from ..math.reductions import Chunk, ChunkCat, Gather, ReduceSum, RowFunction, WHOLE, dims_tuple
+from ..math.reductions import Chunk, ChunkCat, Count, Gather, ReduceSum, RowFunction, Scatter, WHOLE, dims_tuple
 
 EVERY = "every"  # every dim reduced: a 0-d value
 Dims = Union[frozenset, str]
 
 
-def reduced_dims(expr: sympy.Basic, inputs: frozenset[sympy.Symbol]) -> Dims:
+def reduced_dims(expr: sympy.Basic, inputs: frozenset[sympy.Symbol], known: dict | None = None) -> Dims:
     """The dims along which ``expr`` has size 1 (or :data:`EVERY` where it is 0-d), for
-    tensors ``inputs`` of full shape; numbers and params broadcast like a 0-d value."""
-    return _Shapes(inputs).of(expr)
+    tensors ``inputs`` of full shape and the symbols in ``known`` of the dims given there;
+    numbers and params broadcast like a 0-d value."""
+    shapes = _Shapes(inputs)
+    shapes.known.update(known or {})
+    return shapes.of(expr)
 
 
 class _Shapes:
@@ -39,7 +42,7 @@ class _Shapes:
     def of(self, expr: sympy.Basic) -> Dims:
         if expr in self.known:
             return self.known[expr]
-        if expr in self.inputs:
+        if expr in self.inputs or isinstance(expr, Scatter):
             found: Dims = frozenset()
         elif isinstance(expr, RowFunction):
             operand = self.of(expr.operand)
@@ -49,7 +52,7 @@ class _Shapes:
                 found = union(operand, frozenset(int(d) for d in expr.dims))
             else:
                 found = EVERY
-        elif not expr.free_symbols & self.inputs:
+        elif isinstance(expr, Count) or not expr.free_symbols & self.inputs:
             found = EVERY  # numbers and params: they broadcast
         else:
             found = EVERY
@@ -142,6 +145,8 @@ def vjp(
     """The gradient of each input: the sum over outputs of ``adjoint * d(output)/d(input)``,
     by reverse mode over the outputs' DAG."""
     shapes = _Shapes(frozenset(inputs))
+    for output, seed in zip(outputs, adjoints):
+        shapes.known[seed] = shapes.of(output)  # (an upstream gradient has its output's shape)
     adjoint: dict[sympy.Expr, sympy.Expr] = {}
     for output, seed in zip(outputs, adjoints):
         adjoint[output] = adjoint.get(output, sympy.S.Zero) + seed
@@ -159,7 +164,8 @@ def vjp(
         for arg, value in contributions:
             if not (arg.free_symbols & wanted) or value == 0:
                 continue
-            value = _summed_to(value, shapes.of(arg), shapes.of(node) if not isinstance(node, RowFunction) else None)
+            if not isinstance(node, RowFunction):
+                value = _summed_to(value, node, shapes.of(arg), shapes)
             adjoint[arg] = adjoint.get(arg, sympy.S.Zero) + value
     for node in list(adjoint):
         if isinstance(node, Chunk) and node.operand in wanted and node.operand in inputs:
@@ -169,17 +175,39 @@ def vjp(
     return tuple(adjoint.get(x, sympy.S.Zero) for x in inputs)
 
 
-def _summed_to(value: sympy.Expr, operand: Dims, node: Dims | None) -> sympy.Expr:
-    """An elementwise node's adjoint contribution, summed along the dims its operand was
-    broadcast over (reduced in the operand, not in the node)."""
-    if node is None or operand == node:
+def _summed_to(value: sympy.Expr, node: sympy.Expr, operand: Dims, shapes: _Shapes) -> sympy.Expr:
+    """An elementwise node's adjoint contribution ``value``, summed along the dims its operand
+    was broadcast over (reduced in the operand, not in the node).
+
+    ``value`` may be smaller than the node (an upstream gradient of a reduced output): along
+    a dim where it is constant, the sum over the node's elements is a product with their count.
+    """
+    node_dims = shapes.of(node)
+    if operand == node_dims:
         return value
+    value_dims = shapes.of(value)
     if operand == EVERY:
-        return ReduceSum(value, WHOLE)
-    extra = operand - (frozenset() if node == EVERY else node)
+        if value_dims == EVERY:
+            if node_dims != EVERY and node_dims:
+                raise NotImplementedError("a 0-d gradient of a value reduced along a dim, summed whole")
+            return value * Count(node, WHOLE)
+        constant = value_dims - (frozenset() if node_dims == EVERY else node_dims)
+        summed = ReduceSum(value, WHOLE)
+        return summed * Count(node, _sorted(constant)) if constant else summed
+    extra = operand - (frozenset() if node_dims == EVERY else node_dims)
     if not extra:
         return value
-    return ReduceSum(value, dims_tuple(tuple(sorted(extra))))
+    constant = extra if value_dims == EVERY else extra & value_dims
+    varying = extra - constant
+    if varying:
+        value = ReduceSum(value, _sorted(varying))
+    if constant:
+        value = value * Count(node, _sorted(constant))
+    return value
+
+
+def _sorted(dims) -> sympy.Tuple:
+    return dims_tuple(tuple(sorted(dims)))
 
 
 def jvp(

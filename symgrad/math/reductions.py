@@ -90,6 +90,8 @@ class Reduction(RowFunction):
     def eval(cls, operand, dims):
         if operand.is_zero and cls in (ReduceSum, ReduceMean):
             return sympy.S.Zero
+        if cls is ReduceSum and isinstance(operand, Scatter) and tuple(dims) == (-1,):
+            return operand.args[0]  # (one nonzero per row)
         return None
 
 
@@ -210,7 +212,7 @@ class Gather(RowFunction):
         return self.args[1]
 
     def vjp(self, adjoint):
-        return adjoint * OneHot(self.index, self.operand)
+        return Scatter(adjoint, self.index, self.operand)
 
     def jvp(self, tangent):
         return Gather(tangent, self.index)
@@ -271,8 +273,8 @@ class ChunkCat(sympy.Function):
 class Count(sympy.Function):
     """How many elements of ``e`` a reduction along ``dims`` takes (a Python int at run time).
 
-    Printed from the shapes of the tensors ``e`` is computed from (its inputs; a gather's
-    index with the gathered dim of size 1): negative dims align the trailing dims, so each
+    Printed from the shapes of the tensors ``e`` is computed from (:func:`_leaves`): those
+    reduced along the fewest dims decide, and negative dims align the trailing dims, so each
     of them has the reduced dim's size there, or 1 where it broadcasts.
     """
 
@@ -281,35 +283,80 @@ class Count(sympy.Function):
 
     def _symgrad_torch(self, printer) -> str:
         operand, dims = self.args
-        shapes = sorted(set(_shapes(operand, printer)))
-        if len(shapes) == 1:
-            shape = shapes[0]
-        else:
-            shape = f"torch.broadcast_shapes({', '.join(shapes)})"
+        leaves = _leaves(operand, frozenset())
+        if not leaves:
+            return "1"
+        fewest = min((leaf.reduced for leaf in leaves), key=lambda d: (len(d), sorted(d)))
+        deciding = sorted({leaf for leaf in leaves if leaf.reduced == fewest}, key=lambda leaf: leaf.name)
+        if len(deciding) == 1 and deciding[0].gathered and not dims and not fewest:
+            return f"{deciding[0].name}.numel()"  # (one value per row of the gather's index)
+        shapes = [leaf.shape for leaf in deciding]
+        shape = shapes[0] if len(shapes) == 1 else f"torch.broadcast_shapes({', '.join(shapes)})"
         if not dims:
-            if len(shapes) == 1 and shape.endswith(".shape"):
-                return f"{shape[: -len('.shape')]}.numel()"
-            return f"torch.Size({shape}).numel()" if shape.startswith("(") else f"{shape}.numel()"
-        sizes = [f"{shape}[{int(d)}]" for d in dims]
+            total = f"{deciding[0].name}.numel()" if len(deciding) == 1 and not deciding[0].gathered else f"torch.Size({shape}).numel()"
+            reduced = [f"{shape}[{d}]" for d in sorted(fewest)]
+            return total if not reduced else f"{total} // ({' * '.join(reduced)})"
+        sizes = [f"{shape}[{int(d)}]" for d in dims if int(d) not in fewest]
+        if not sizes:
+            return "1"
         return sizes[0] if len(sizes) == 1 else "(" + " * ".join(sizes) + ")"
 
     def _sympystr(self, printer) -> str:
         return f"count({printer._print(self.args[0])}, {print_dims(self.args[1])})"
 
 
-def _shapes(expr: sympy.Basic, printer) -> list[str]:
-    """The shapes ``expr``'s value broadcasts from, printed."""
+class _Leaf(tuple):
+    """A tensor a value is computed from: its name, whether it is a gather's index (whose
+    gathered dim has size 1) and the dims reductions took on the way."""
+
+    name = property(lambda self: self[0])
+    gathered = property(lambda self: self[1])
+    reduced = property(lambda self: self[2])
+
+    @property
+    def shape(self) -> str:
+        return f"(*{self.name}.shape, 1)" if self.gathered else f"{self.name}.shape"
+
+
+def _leaves(expr: sympy.Basic, reduced: frozenset) -> list[_Leaf]:
+    """The tensors ``expr``'s value broadcasts from (whole-tensor reductions and params that
+    may be numbers, Dummies here, contribute none)."""
     if isinstance(expr, Gather):
-        return [f"(*{printer._print(expr.index)}.shape, 1)"]
+        return [_Leaf((str(expr.index), True, reduced))]
     if isinstance(expr, Reduction):
-        return []  # (a reduced value has size 1 along the dims it reduced, or is 0-d)
+        if not expr.dims:
+            return []
+        return _leaves(expr.operand, reduced | frozenset(int(d) for d in expr.dims))
+    if isinstance(expr, sympy.Dummy):
+        return []
     if isinstance(expr, sympy.Symbol):
-        return [f"{printer._print(expr)}.shape"]
+        return [_Leaf((str(expr), False, reduced))]
     found = []
     for arg in expr.args:
         if isinstance(arg, sympy.Basic) and not isinstance(arg, sympy.Tuple):
-            found += _shapes(arg, printer)
+            found += _leaves(arg, reduced)
     return found
+
+
+class Scatter(sympy.Function):
+    """``a`` (one value per row) at the class ``t`` picks along the last dim, 0 elsewhere, in
+    a tensor shaped like ``like``: the gradient of a gather."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("Scatter is not elementwise")
+
+    def _symgrad_torch(self, printer) -> str:
+        values, index, like = self.args
+        full = sorted((s for s in like.free_symbols), key=str)
+        anchor = printer._print(full[0])
+        index_text = printer._print(index)
+        return (
+            f"torch.zeros_like({anchor}).scatter(-1, {index_text}.unsqueeze(-1),"
+            f" {_operand(printer, values)}.expand(*{index_text}.shape, 1))"
+        )
+
+    def _sympystr(self, printer) -> str:
+        return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
 
 
 class IsEqual(sympy.Function):

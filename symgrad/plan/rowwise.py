@@ -107,7 +107,7 @@ class _Planner:
                 if isinstance(node, Reduction) and node.free_symbols & set(self.inputs) and _in_forward(node, self.outputs):
                     if not (node.free_symbols & set(self.adjoints)):
                         stats.setdefault(node, sympy.Symbol(f"row{len(stats)}", real=True))
-        vjps = tuple(v.xreplace(stats) for v in vjps)
+        vjps = tuple(_outside_counts(v, stats) for v in vjps)
         used = set().union(*(v.free_symbols for v in vjps))
         read_inputs = tuple(s for s in self.inputs + self.params if s in used or _counts(vjps, s))
         read_outputs = tuple(i for i, r in enumerate(self.result_symbols) if r in used)
@@ -118,13 +118,18 @@ class _Planner:
         """``expr`` with each Count read from the inputs' shapes alone: a param may be a
         Python number, which has none (a gather's index keeps its own)."""
         indices = {node.index for node in sympy.preorder_traversal(expr) if isinstance(node, Gather)}
-        numbers = {p: sympy.S.One for p in self.params if p not in indices}
-        return expr.replace(lambda e: isinstance(e, Count), lambda e: Count(e.args[0].xreplace(numbers), e.args[1]))
+        numbers = {p: _NUMBER for p in self.params if p not in indices}
+
+        def shape_only(operand: sympy.Expr) -> sympy.Expr:
+            return operand.xreplace(numbers)
+
+        return expr.replace(lambda e: isinstance(e, Count), lambda e: Count(shape_only(e.args[0]), e.args[1]))
 
     # -- the methods ---------------------------------------------------------------------
 
     def plan(self) -> Plan:
         saving = self.saving()
+        self._saving = saving
         self._stats_count = len(saving.stats)
         for symbol, _ in saving.stats:
             self.names[symbol] = symbol.name
@@ -223,10 +228,23 @@ class _Planner:
     def _reshapes_gradient(self, j: int) -> bool:
         """Whether input j's gradient may need summing or expanding to its shape: several
         tensors broadcast together, or a gradient reduced along a dim."""
-        return len(self.inputs) + len(self.params) > 1 or bool(self._gradient_dims(j))
+        return len(self.inputs) + len(self.params) > 1 or self._gradient_is_reduced(j)
 
-    def _gradient_dims(self, j: int):
-        return 0  # decided per expression in backward
+    def _gradient_is_reduced(self, j: int) -> bool:
+        dims = self.value_dims(self._saving.vjps[j])
+        return self._saving.vjps[j] != 0 and (dims == EVERY or bool(dims))
+
+    def value_dims(self, expr: sympy.Expr):
+        """The reduced dims of a backward value: upstream gradients and saved outputs have
+        their outputs' (kept), row values their reduction's."""
+        known = {}
+        for i, dims in enumerate(self.reduced):
+            known[self.adjoints[i]] = dims
+            known[self.result_symbols[i]] = dims
+        everything = frozenset(self.inputs + self.params)
+        for symbol, node in self._saving.stats:
+            known[symbol] = reduced_dims(node, everything)
+        return reduced_dims(expr, everything, known)
 
     def backward(self, saving: _Saving) -> Method:
         saved = [s.name for s in saving.inputs] + [self.results[i] for i in saving.outputs] + [s.name for s, _ in saving.stats]
@@ -251,7 +269,7 @@ class _Planner:
         final = []
         for j, (x, value) in enumerate(zip(self.inputs, values)):
             atom = reduced[j].is_Symbol or isinstance(reduced[j], RowFunction)
-            dims = reduced_dims(saving.vjps[j], everything | frozenset(self.adjoints) | frozenset(self.result_symbols))
+            dims = self.value_dims(saving.vjps[j])
             if saving.vjps[j] == 0:
                 final.append("None")
             elif len(self.inputs) + len(self.params) > 1:
@@ -326,6 +344,11 @@ def stabilised(expr: sympy.Expr) -> sympy.Expr:
     ``exp(e - logsumexp(e, d))`` softmax."""
 
     def rewrite(node: sympy.Expr) -> sympy.Expr:
+        if isinstance(node, Gather) and type(node.operand) is LogSoftmax:
+            # A gathered log_softmax is the gathered logit less the row's logsumexp: no
+            # full-size log-probabilities, and backward reads the logsumexp (cross-entropy).
+            inner = node.operand
+            return Gather(inner.operand, node.index) - _LSE(inner.operand, inner.dims)
         if isinstance(node, sympy.log) and type(node.args[0]) is Softmax:
             return LogSoftmax(*node.args[0].args)
         if isinstance(node, sympy.log) and isinstance(node.args[0], ReduceSum):
@@ -351,7 +374,20 @@ def stabilised(expr: sympy.Expr) -> sympy.Expr:
                     return LogSoftmax(lse.operand, lse.dims)
         return node
 
-    return _bottom_up(expr, rewrite)
+    stable = _bottom_up(expr, rewrite)
+    if isinstance(stable, Softmax):
+        return stable  # (an output of its own: torch's kernel, and its backward kernel)
+
+    def through_lse(node: sympy.Expr) -> sympy.Expr:
+        # Inside an expression, softmax and log_softmax read the row's logsumexp, which
+        # backward then reads too (one value per row, not a second full-size tensor).
+        if type(node) is LogSoftmax:
+            return node.operand - _LSE(node.operand, node.dims)
+        if type(node) is Softmax:
+            return sympy.exp(node.operand - _LSE(node.operand, node.dims))
+        return node
+
+    return _bottom_up(stable, through_lse)
 
 
 from ..math.reductions import LogSumExp as _LSE  # noqa: E402
@@ -361,12 +397,25 @@ def _lse(operand: sympy.Expr, dims: sympy.Tuple) -> sympy.Expr:
     return _LSE(operand, dims)
 
 
+# A param in a Count's operand: it may be a Python number, which has no shape (Count's
+# printer skips it); a symbol, not 1, so that no term cancels ((1 - s)*gather(...)).
+_NUMBER = sympy.Dummy("number", positive=True)
+
+
 def _bottom_up(expr: sympy.Expr, rewrite) -> sympy.Expr:
     if not expr.args or isinstance(expr, (sympy.Tuple,)):
         return expr
     args = [_bottom_up(a, rewrite) if isinstance(a, sympy.Basic) else a for a in expr.args]
     node = expr.func(*args) if any(a is not b for a, b in zip(args, expr.args)) else expr
     return rewrite(node)
+
+
+def _outside_counts(expr: sympy.Expr, replacements: dict) -> sympy.Expr:
+    """``expr.xreplace(replacements)``, but not inside a Count: a count reads the shapes of
+    the tensors its operand is computed from, which a saved row value does not have."""
+    counts = {node: sympy.Dummy("count") for node in sympy.preorder_traversal(expr) if isinstance(node, Count)}
+    hidden = expr.xreplace(counts)
+    return hidden.xreplace(replacements).xreplace({v: k for k, v in counts.items()})
 
 
 def _in_forward(node: sympy.Expr, outputs) -> bool:
