@@ -18,6 +18,8 @@ from .errors import SymgradError
 from .naming import check_class_name
 from .frontend.parse import parse_spec
 from .plan import make_plan
+from .plan.rowwise import make_rowwise_plan
+from .math.reductions import is_rowwise
 from .codegen.render import render, template_dir, template_fingerprint, template_name
 from .spec import SAVE_POLICIES, Spec
 from .codegen.write import Header, compose, write_if_changed
@@ -82,7 +84,11 @@ def source_for_spec(spec: Spec, base_dir: str | Path | None = None) -> str:
     if spec.inplace:
         _check_inplace(spec)
     try:
-        plan = make_plan(derive(parse_spec(spec)))
+        parsed = parse_spec(spec)
+        if any(is_rowwise(out.expr) for out in parsed.outputs):
+            plan = make_rowwise_plan(parsed)
+        else:
+            plan = make_plan(derive(parsed))
     except RecursionError:
         # Not our recursion (the parser bounds nesting depth): SymPy recurses without end on
         # a few expressions. A refusal, not a crash, and nothing has been written.

@@ -39,7 +39,26 @@ def device(request):
 
 
 def generated_names() -> list[str]:
+    """The elementwise modules in generated/ (tests/test_rowwise.py checks the row-wise ones)."""
+    return [name for name in _all_generated() if not _is_rowwise(name)]
+
+
+def rowwise_generated_names() -> list[str]:
+    """The modules in generated/ with reductions along a dim, softmax, gather or chunk."""
+    return [name for name in _all_generated() if _is_rowwise(name)]
+
+
+def _all_generated() -> list[str]:
     return sorted(p.stem for p in GENERATED.glob("*.py") if p.name != "__init__.py")
+
+
+def _is_rowwise(name: str) -> bool:
+    from symgrad.frontend.parse import parse_spec
+    from symgrad.math.reductions import is_rowwise
+    from symgrad.codegen.write import read_spec
+
+    spec = read_spec((GENERATED / f"{name}.py").read_text())
+    return any(is_rowwise(out.expr) for out in parse_spec(spec).outputs)
 
 
 def load(name: str):

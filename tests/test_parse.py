@@ -13,7 +13,7 @@ import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
 from symgrad import SymgradError
-from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
+from symgrad.frontend.grammar import FUNCTIONS, ROW_FUNCTIONS
 from symgrad.frontend.parse import MAX_DEPTH, MAX_LENGTH, MAX_NODES, MAX_OUTPUTS, parse_outputs, parse_spec
 from symgrad.spec import Spec
 
@@ -95,8 +95,12 @@ ACCEPTED = [
 ACCEPTED += [
     (f"{name}({', '.join('xyz'[: min(entry.arity or (1,))])})", None)
     for name, entry in sorted(FUNCTIONS.items())
-    if name not in REDUCTIONS and name not in ("Piecewise", "where")
+    if name not in ROW_FUNCTIONS and name not in ("Piecewise", "where")
 ]
+# Row-wise functions (symgrad.math.reductions) take a literal dim.
+ACCEPTED += [
+    (f"{name}(x, -1)", None) for name in ROW_FUNCTIONS if name != "gather"
+] + [("gather(x, t)", None), ("x - logsumexp(x, (-2, -1))", None), ("2*sum(sum(x, -1))", None), ("x/sum(x)", None)]
 
 # (text, reduction per output)
 REDUCED = [
@@ -228,10 +232,10 @@ REJECTED = [
     ("(x, y) + 1", "a tuple is only allowed at the top level"),
     ("sin((x, y))", "a tuple is only allowed"),
     # reductions
-    ("sum(sum(x))", "sum() must wrap a whole output"),
-    ("x + sum(x)", "sum() must wrap a whole output"),
-    ("mean(x)*2", "mean() must wrap a whole output"),
-    ("sum(x, y)", "sum() takes 1 argument, got 2"),
+    ("sum(x, y)", "the dim of sum() must be an int or a tuple of ints"),
+    ("sum(x, 1, 2)", "sum() takes 1 or 2 arguments, got 3"),
+    ("softmax(x)", "softmax() takes 2 arguments, got 1"),
+    ("sum(3, -1)", "of a constant has no shape"),
     # constants: infinite, undefined, complex, too large or too small
     ("1/0 + x", "division by zero"),
     ("x/0", "division by zero"),

@@ -120,13 +120,24 @@ FUNCTIONS: dict[str, Entry] = {
         Entry("logaddexp", logaddexp, (2,), "torch.logaddexp", note="log(exp(a)+exp(b))"),
         Entry("hypot", hypot, (2,), "torch.hypot", note="sqrt(a**2+b**2)"),
         Entry("xlogy", xlogy, (2,), "torch.xlogy", note="x*log(y), 0 where x = 0"),
-        # Reductions are handled by the parser itself (they may only wrap a whole output).
-        Entry("sum", lambda arg: arg, (1,), "Tensor.sum", note="whole-tensor, outermost only"),
-        Entry("mean", lambda arg: arg, (1,), "Tensor.mean", note="whole-tensor, outermost only"),
+        # Row-wise functions are built by the parser itself (their dim is a literal, not an
+        # expression): symgrad.math.reductions. Inside an expression a reduction keeps its
+        # dims; sum(e) and mean(e) without a dim reduce the whole tensor.
+        Entry("sum", lambda arg: arg, (1, 2), "torch.sum", note="sum(e) whole-tensor; sum(e, dim)"),
+        Entry("mean", lambda arg: arg, (1, 2), "torch.mean", note="mean(e) whole-tensor; mean(e, dim)"),
+        Entry("amax", lambda arg: arg, (1, 2), "torch.amax", note="amax(e, dim); ties share the gradient"),
+        Entry("amin", lambda arg: arg, (1, 2), "torch.amin", note="amin(e, dim); ties share the gradient"),
+        Entry("logsumexp", lambda arg: arg, (1, 2), "torch.logsumexp", note="logsumexp(e, dim)"),
+        Entry("norm", lambda arg: arg, (1, 2), "torch.linalg.vector_norm", note="the 2-norm, norm(e, dim)"),
+        Entry("softmax", lambda arg: arg, (2,), "torch.softmax", note="softmax(e, dim), one dim"),
+        Entry("log_softmax", lambda arg: arg, (2,), "torch.log_softmax", note="log_softmax(e, dim), one dim"),
+        Entry("gather", lambda arg: arg, (2,), "torch.gather", note="gather(e, t): e[..., t] along the last dim"),
+        Entry("chunk", lambda arg: arg, (3,), "Tensor.unflatten", note="chunk(x, n, i): the i-th of n equal chunks along the last dim"),
     )
 }
 
-REDUCTIONS = ("sum", "mean")
+REDUCTIONS = ("sum", "mean")  # the whole-output reductions of the elementwise path
+ROW_FUNCTIONS = ("sum", "mean", "amax", "amin", "logsumexp", "norm", "softmax", "log_softmax", "gather", "chunk")
 
 # Named constants users may write. Everything else that is a bare name is a symbol.
 

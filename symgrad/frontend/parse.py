@@ -21,7 +21,8 @@ import sympy
 
 from ..errors import SymgradError
 from ..spec import Spec
-from .grammar import CONSTANTS, FUNCTIONS, REDUCTIONS, REJECTED_NAMES
+from .grammar import CONSTANTS, FUNCTIONS, REDUCTIONS, REJECTED_NAMES, ROW_FUNCTIONS
+from ..math import reductions
 
 
 # Documented limits (README, "Limits"). Each is far above any real activation function.
@@ -146,7 +147,14 @@ def parse_spec(spec: Spec) -> Parsed:
                 if symbol.name in spec.params:  # (an input must be in the expression)
                     by_name.setdefault(symbol.name, symbol)
     symbols = sorted({s for out in outputs for s in out.expr.free_symbols}, key=lambda s: s.name)
+    indices = {node.index for out in outputs for node in sympy.preorder_traversal(out.expr) if isinstance(node, reductions.Gather)}
     params = _resolve_names(spec.params, by_name, "--params")
+    for index in sorted(indices, key=lambda s: s.name):
+        # gather's class index is an integer tensor: a param, never differentiated.
+        if spec.inputs is not None and index.name in spec.inputs:
+            raise SymgradError(f"{index.name!r} indexes a gather, so it is an integer param, not an input")
+        if index not in params:
+            params = params + (index,)
     if spec.inputs is None:
         inputs = tuple(s for s in symbols if s not in params)
     else:
@@ -324,7 +332,8 @@ class _Builder:
         return SymgradError(f"{message} (at column {column})")
 
     def output(self, node: ast.AST) -> Output:
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REDUCTIONS:
+        whole = isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
+        if whole and isinstance(node.func, ast.Name) and node.func.id in REDUCTIONS:
             (arg,) = self._call_args(node, (1,))
             return Output(self._finite(self.expr(arg), node), node.func.id)
         return Output(self._finite(self.expr(node), node))
@@ -551,9 +560,9 @@ class _Builder:
             if name in _UNKNOWN_HINTS:
                 hint = f"; {_UNKNOWN_HINTS[name]}"
             raise self.fail(node, f"unknown function {name!r}{hint} (symgrad --list-functions shows all)")
-        if name in REDUCTIONS:
-            raise self.fail(node, f"{name}() must wrap a whole output, e.g. {name}(x**2)")
         args = self._call_args(node, entry.arity)
+        if name in ROW_FUNCTIONS:
+            return self._row_function(node, name, args)
         if name == "Piecewise":
             return self._piecewise(node, args)
         if name == "where":
@@ -586,6 +595,77 @@ class _Builder:
             # Comparing arguments can recurse without end in SymPy, as folding Piecewise
             # conditions does (_build_piecewise)
             raise self.fail(node, f"cannot build {self.source(node)}: SymPy recursed without end") from None
+
+    def _row_function(self, node: ast.Call, name: str, args: list[ast.AST]) -> sympy.Expr:
+        """A row-wise function (symgrad.math.reductions): its dim is a literal int or tuple of ints."""
+        operand = self.expr(args[0])
+        if name == "gather":
+            if not isinstance(args[1], ast.Name) or args[1].id in CONSTANTS or args[1].id in FUNCTIONS:
+                raise self.fail(args[1], "gather(e, t) needs t, the integer class-index tensor, by its name")
+            index = self._name(args[1])
+            return reductions.Gather(operand, index)
+        if name == "chunk":
+            return self._chunk(node, operand, args)
+        dims = self._dims(args[1], name) if len(args) == 2 else reductions.WHOLE
+        if name in ("softmax", "log_softmax") and len(dims) != 1:
+            raise self.fail(args[1], f"{name}(e, dim) takes one dim, got {self.source(args[1])}")
+        kind = {
+            "sum": reductions.ReduceSum,
+            "mean": reductions.ReduceMean,
+            "amax": reductions.ReduceMax,
+            "amin": reductions.ReduceMin,
+            "logsumexp": reductions.LogSumExp,
+            "norm": reductions.Norm,
+            "softmax": reductions.Softmax,
+            "log_softmax": reductions.LogSoftmax,
+        }[name]
+        if not operand.free_symbols:
+            raise self.fail(node, f"{name}() of a constant has no shape to reduce; write the constant")
+        return kind(operand, dims)
+
+    def _chunk(self, node: ast.Call, operand: sympy.Expr, args: list[ast.AST]) -> sympy.Expr:
+        """chunk(x, n, i): the i-th of n equal chunks of the input x along its last dim."""
+        if not isinstance(operand, sympy.Symbol):
+            raise self.fail(args[0], "chunk(x, n, i) cuts an input: its first argument must be a name")
+        count, index = (self._literal_int(arg, "chunk") for arg in args[1:])
+        if count < 1:
+            raise self.fail(args[1], f"chunk(x, n, i) needs n >= 1, got {count}")
+        if not 0 <= index < count:
+            raise self.fail(args[2], f"chunk(x, {count}, i) needs 0 <= i < {count}, got {index}")
+        return reductions.Chunk(operand, sympy.Integer(count), sympy.Integer(index))
+
+    def _literal_int(self, node: ast.AST, name: str) -> int:
+        value, sign = node, 1
+        if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
+            value, sign = value.operand, -1
+        if not (isinstance(value, ast.Constant) and type(value.value) is int):
+            raise self.fail(node, f"{name}() takes a literal int here, got {self.source(node)}")
+        if abs(value.value) > 2**16:
+            raise self.fail(node, f"{name}() takes at most {2**16} chunks")
+        return sign * value.value
+
+    def _dims(self, node: ast.AST, name: str) -> sympy.Tuple:
+        """A dim argument: an int literal (negative counts from the end) or a tuple of them."""
+        elements = node.elts if isinstance(node, ast.Tuple) else [node]
+        dims = []
+        for element in elements:
+            value = element
+            sign = 1
+            if isinstance(value, ast.UnaryOp) and isinstance(value.op, (ast.USub, ast.UAdd)):
+                sign = -1 if isinstance(value.op, ast.USub) else 1
+                value = value.operand
+            if not (isinstance(value, ast.Constant) and type(value.value) is int):
+                raise self.fail(node, f"the dim of {name}() must be an int or a tuple of ints, got {self.source(node)}")
+            dims.append(sign * value.value)
+        if not dims:
+            raise self.fail(node, f"the dim of {name}() is an empty tuple; write {name}(e) for the whole tensor")
+        if len(set(dims)) != len(dims):
+            raise self.fail(node, f"{name}() names a dim twice: {self.source(node)}")
+        if any(abs(d) > 64 for d in dims):
+            raise self.fail(node, f"the dim of {name}() is out of range for any tensor (at most 64 dims): {self.source(node)}")
+        if any(d < 0 for d in dims) and any(d >= 0 for d in dims):
+            raise self.fail(node, f"{name}() mixes negative and non-negative dims; count them one way: {self.source(node)}")
+        return reductions.dims_tuple(tuple(sorted(dims)))
 
     def _piecewise(self, node: ast.Call, args: list[ast.AST]) -> sympy.Expr:
         pairs = []

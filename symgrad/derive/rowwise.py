@@ -1,0 +1,230 @@
+"""Derivatives through row-wise functions: reverse mode (the VJP) and forward mode (the jvp),
+symbolically, over the expression's DAG.
+
+An elementwise output's gradient is ``grad_output * df/dx``; through a reduction it is not:
+the adjoint of ``sum(e, -1)`` is broadcast back along -1, that of ``e`` in an elementwise
+node whose other operand was reduced is summed along the reduced dims. So the VJP is built
+as autograd builds it, node by node from the output down, with each row-wise function's
+own rule (:meth:`symgrad.math.reductions.RowFunction.vjp`), and simplified and CSE'd as
+one expression afterwards.
+
+Shapes are tracked as *reduced dims*: the dims along which a value has size 1 (kept by a
+reduction), or :data:`EVERY` for a 0-d value (a whole-tensor reduction, a number).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import sympy
+
+from ..math.reductions import Chunk, ChunkCat, Count, Gather, ReduceSum, RowFunction, Scatter, WHOLE, dims_tuple
+
+EVERY = "every"  # every dim reduced: a 0-d value
+Dims = Union[frozenset, str]
+
+
+def reduced_dims(expr: sympy.Basic, inputs: frozenset[sympy.Symbol], known: dict | None = None) -> Dims:
+    """The dims along which ``expr`` has size 1 (or :data:`EVERY` where it is 0-d), for
+    tensors ``inputs`` of full shape and the symbols in ``known`` of the dims given there;
+    numbers and params broadcast like a 0-d value."""
+    shapes = _Shapes(inputs)
+    shapes.known.update(known or {})
+    return shapes.of(expr)
+
+
+class _Shapes:
+    def __init__(self, inputs: frozenset[sympy.Symbol]) -> None:
+        self.inputs = inputs
+        self.known: dict[sympy.Basic, Dims] = {}
+
+    def of(self, expr: sympy.Basic) -> Dims:
+        if expr in self.known:
+            return self.known[expr]
+        if expr in self.inputs or isinstance(expr, Scatter):
+            found: Dims = frozenset()
+        elif isinstance(expr, RowFunction):
+            operand = self.of(expr.operand)
+            if expr.keeps_shape:
+                found = operand
+            elif isinstance(expr, Gather) or expr.dims:
+                found = union(operand, frozenset(int(d) for d in expr.dims))
+            else:
+                found = EVERY
+        elif isinstance(expr, Count) or not expr.free_symbols & self.inputs:
+            found = EVERY  # numbers and params: they broadcast
+        else:
+            found = EVERY
+            for arg in _operands(expr):
+                found = intersection(found, self.of(arg))
+        self.known[expr] = found
+        return found
+
+
+def union(a: Dims, b: Dims) -> Dims:
+    return EVERY if EVERY in (a, b) else a | b
+
+
+def intersection(a: Dims, b: Dims) -> Dims:
+    if a == EVERY:
+        return b
+    if b == EVERY:
+        return a
+    return a & b
+
+
+def _operands(expr: sympy.Basic) -> tuple[sympy.Basic, ...]:
+    """The sub-expressions a value flows through: a Piecewise's values, not its conditions."""
+    if isinstance(expr, sympy.Piecewise):
+        return tuple(value for value, _ in expr.args)
+    if isinstance(expr, RowFunction):
+        return (expr.operand,)
+    return tuple(a for a in expr.args if isinstance(a, sympy.Expr))
+
+
+def _partials(node: sympy.Expr) -> list[tuple[sympy.Expr, sympy.Expr]]:
+    """Each operand of the elementwise ``node`` with d(node)/d(operand)."""
+    if node.is_Add:
+        return [(arg, sympy.S.One) for arg in node.args]
+    if node.is_Mul:
+        return [(arg, sympy.Mul(*(node.args[:i] + node.args[i + 1 :]))) for i, arg in enumerate(node.args)]
+    if node.is_Pow:
+        base, exponent = node.args
+        found = []
+        if base.free_symbols:
+            found.append((base, exponent * base ** (exponent - 1)))
+        if exponent.free_symbols:
+            found.append((exponent, node * sympy.log(base)))
+        return found
+    operands = _operands(node)
+    dummies = [sympy.Dummy(f"a{i}", real=True) for i in range(len(operands))]
+    replaced = node.xreplace(dict(zip(operands, dummies)))
+    back = dict(zip(dummies, operands))
+    return [(arg, replaced.diff(d).xreplace(back)) for arg, d in zip(operands, dummies)]
+
+
+def _topological(roots: list[sympy.Expr]) -> list[sympy.Expr]:
+    """Every sub-expression of ``roots`` once, each before the sub-expressions it uses."""
+    order: list[sympy.Expr] = []
+    seen: set[sympy.Expr] = set()
+
+    def visit(node: sympy.Expr) -> None:
+        stack = [(node, False)]
+        while stack:
+            current, expanded = stack.pop()
+            if expanded:
+                order.append(current)
+                continue
+            if current in seen:
+                continue
+            seen.add(current)
+            stack.append((current, True))
+            for arg in _operands(current):
+                if arg not in seen:
+                    stack.append((arg, False))
+
+    for root in roots:
+        visit(root)
+    return order[::-1]
+
+
+@dataclass(frozen=True)
+class RowDerivatives:
+    """Each input's gradient (VJP) and each output's tangent (jvp), as expressions in the
+    adjoint symbols ``adjoints`` (one per output, of the output's kept-dims shape) and the
+    tangent symbols ``tangents`` (one per input)."""
+
+    vjps: tuple[sympy.Expr, ...]
+    jvps: tuple[sympy.Expr, ...]
+
+
+def vjp(
+    outputs: list[sympy.Expr], adjoints: list[sympy.Symbol], inputs: tuple[sympy.Symbol, ...]
+) -> tuple[sympy.Expr, ...]:
+    """The gradient of each input: the sum over outputs of ``adjoint * d(output)/d(input)``,
+    by reverse mode over the outputs' DAG."""
+    shapes = _Shapes(frozenset(inputs))
+    for output, seed in zip(outputs, adjoints):
+        shapes.known[seed] = shapes.of(output)  # (an upstream gradient has its output's shape)
+    adjoint: dict[sympy.Expr, sympy.Expr] = {}
+    for output, seed in zip(outputs, adjoints):
+        adjoint[output] = adjoint.get(output, sympy.S.Zero) + seed
+    wanted = frozenset(inputs)
+    for node in _topological(outputs):
+        if node not in adjoint or node in wanted or not (node.free_symbols & wanted):
+            continue
+        upstream = adjoint[node]
+        if isinstance(node, Chunk):
+            continue  # (its input's gradient puts the chunks' side by side, below)
+        if isinstance(node, RowFunction):
+            contributions = [(node.operand, node.vjp(upstream))]
+        else:
+            contributions = [(arg, upstream * partial) for arg, partial in _partials(node)]
+        for arg, value in contributions:
+            if not (arg.free_symbols & wanted) or value == 0:
+                continue
+            if not isinstance(node, RowFunction):
+                value = _summed_to(value, node, shapes.of(arg), shapes)
+            adjoint[arg] = adjoint.get(arg, sympy.S.Zero) + value
+    for node in list(adjoint):
+        if isinstance(node, Chunk) and node.operand in wanted and node.operand in inputs:
+            pieces = [adjoint.get(Chunk(node.operand, node.count, k), sympy.S.Zero) for k in range(node.count)]
+            if node.index == next(k for k, p in enumerate(pieces) if p != 0):  # (once per input)
+                adjoint[node.operand] = adjoint.get(node.operand, sympy.S.Zero) + ChunkCat(*pieces)
+    return tuple(adjoint.get(x, sympy.S.Zero) for x in inputs)
+
+
+def _summed_to(value: sympy.Expr, node: sympy.Expr, operand: Dims, shapes: _Shapes) -> sympy.Expr:
+    """An elementwise node's adjoint contribution ``value``, summed along the dims its operand
+    was broadcast over (reduced in the operand, not in the node).
+
+    ``value`` may be smaller than the node (an upstream gradient of a reduced output): along
+    a dim where it is constant, the sum over the node's elements is a product with their count.
+    """
+    node_dims = shapes.of(node)
+    if operand == node_dims:
+        return value
+    value_dims = shapes.of(value)
+    if operand == EVERY:
+        if value_dims == EVERY:
+            if node_dims != EVERY and node_dims:
+                raise NotImplementedError("a 0-d gradient of a value reduced along a dim, summed whole")
+            return value * Count(node, WHOLE)
+        constant = value_dims - (frozenset() if node_dims == EVERY else node_dims)
+        summed = ReduceSum(value, WHOLE)
+        return summed * Count(node, _sorted(constant)) if constant else summed
+    extra = operand - (frozenset() if node_dims == EVERY else node_dims)
+    if not extra:
+        return value
+    constant = extra if value_dims == EVERY else extra & value_dims
+    varying = extra - constant
+    if varying:
+        value = ReduceSum(value, _sorted(varying))
+    if constant:
+        value = value * Count(node, _sorted(constant))
+    return value
+
+
+def _sorted(dims) -> sympy.Tuple:
+    return dims_tuple(tuple(sorted(dims)))
+
+
+def jvp(
+    outputs: list[sympy.Expr], tangents: dict[sympy.Symbol, sympy.Expr], inputs: tuple[sympy.Symbol, ...]
+) -> tuple[sympy.Expr, ...]:
+    """Each output's tangent, by forward mode: ``tangents`` maps an input to its tangent."""
+    wanted = frozenset(inputs)
+    tangent: dict[sympy.Expr, sympy.Expr] = dict(tangents)
+    for node in reversed(_topological(outputs)):
+        if node in tangent or not (node.free_symbols & wanted):
+            continue
+        if isinstance(node, RowFunction):
+            tangent[node] = node.jvp(tangent.get(node.operand, sympy.S.Zero))
+            continue
+        total = sympy.S.Zero
+        for arg, partial in _partials(node):
+            if arg.free_symbols & wanted:
+                total += partial * tangent.get(arg, sympy.S.Zero)
+        tangent[node] = total
+    return tuple(tangent.get(output, sympy.S.Zero) for output in outputs)

@@ -1,0 +1,398 @@
+"""Row-wise functions: values that depend on other elements along a dim.
+
+Each is a :class:`sympy.Function` over an operand and the dims it works along (a
+``sympy.Tuple`` of ints; empty for a whole-tensor reduction). Inside an expression a
+reduction keeps its dims (``keepdim=True``), so it broadcasts back against the tensor it
+reduced: ``x - LogSumExp(x, (-1,))`` is ``x - torch.logsumexp(x, -1, keepdim=True)``. A
+whole-tensor reduction is 0-d.
+
+They are opaque to SymPy's calculus (``fdiff`` raises): their derivatives are not
+elementwise, so :mod:`symgrad.derive.rowwise` differentiates them by their adjoint rules
+(:meth:`RowFunction.vjp`, :meth:`RowFunction.jvp`), and each prints itself as one torch call
+(``_symgrad_torch``, the printer's ``printmethod``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import sympy
+
+# A whole-tensor reduction's dims: every dim, and the result is 0-d.
+WHOLE = sympy.Tuple()
+
+
+def dims_tuple(dims: int | tuple[int, ...] | sympy.Tuple) -> sympy.Tuple:
+    """``dims`` as the ``sympy.Tuple`` of Integers the classes below take."""
+    if isinstance(dims, sympy.Tuple):
+        return dims
+    if isinstance(dims, int):
+        dims = (dims,)
+    return sympy.Tuple(*(sympy.Integer(d) for d in dims))
+
+
+def print_dims(dims: sympy.Tuple) -> str:
+    """A dims tuple as torch's ``dim=`` argument: ``-1`` or ``(-2, -1)``."""
+    values = [int(d) for d in dims]
+    return str(values[0]) if len(values) == 1 else "(" + ", ".join(map(str, values)) + ")"
+
+
+class RowFunction(sympy.Function):
+    """A function whose value at an element depends on other elements along ``dims``."""
+
+    # torch's name, for the docstring and the printer
+    torch_name: ClassVar[str] = ""
+    # Whether the result has the operand's shape (softmax) rather than a reduced one.
+    keeps_shape: ClassVar[bool] = False
+
+    @property
+    def operand(self) -> sympy.Expr:
+        return self.args[0]
+
+    @property
+    def dims(self) -> sympy.Tuple:
+        return self.args[1]
+
+    def fdiff(self, argindex=1):
+        raise TypeError(f"{type(self).__name__} is not elementwise: differentiate it by its adjoint rule")
+
+    def _eval_is_extended_real(self):
+        return self.operand.is_extended_real
+
+    def _eval_derivative(self, symbol):
+        raise TypeError(f"{type(self).__name__} is not elementwise: differentiate it by its adjoint rule")
+
+    def vjp(self, adjoint: sympy.Expr) -> sympy.Expr:
+        """The operand's adjoint, given this node's (of this node's shape)."""
+        raise NotImplementedError
+
+    def jvp(self, tangent: sympy.Expr) -> sympy.Expr:
+        """This node's tangent, given the operand's."""
+        raise NotImplementedError
+
+    def _symgrad_torch(self, printer) -> str:
+        operand = printer._print(self.operand)
+        if not self.dims:
+            return f"torch.{self.torch_name}({operand})"
+        return f"torch.{self.torch_name}({operand}, dim={print_dims(self.dims)}, keepdim=True)"
+
+    def _sympystr(self, printer) -> str:
+        name = self.torch_name.split(".")[-1]
+        if not self.dims:
+            return f"{name}({printer._print(self.operand)})"
+        return f"{name}({printer._print(self.operand)}, {print_dims(self.dims)})"
+
+
+class Reduction(RowFunction):
+    """A reduction along ``dims`` (kept, of size 1), or of the whole tensor (0-d)."""
+
+    @classmethod
+    def eval(cls, operand, dims):
+        if operand.is_zero and cls in (ReduceSum, ReduceMean):
+            return sympy.S.Zero
+        if cls is ReduceSum and isinstance(operand, Scatter) and tuple(dims) == (-1,):
+            return operand.args[0]  # (one nonzero per row)
+        return None
+
+
+class ReduceSum(Reduction):
+    torch_name = "sum"
+
+    def vjp(self, adjoint):
+        return adjoint
+
+    def jvp(self, tangent):
+        return ReduceSum(tangent, self.dims)
+
+
+class ReduceMean(Reduction):
+    torch_name = "mean"
+
+    def vjp(self, adjoint):
+        return adjoint / Count(self.operand, self.dims)
+
+    def jvp(self, tangent):
+        return ReduceMean(tangent, self.dims)
+
+
+class _Extremum(Reduction):
+    def vjp(self, adjoint):
+        # Split evenly between ties, as torch's amax/amin backward does.
+        at = IsEqual(self.operand, self)
+        return adjoint * at / ReduceSum(at, self.dims)
+
+    def jvp(self, tangent):
+        at = IsEqual(self.operand, self)
+        return ReduceSum(at * tangent, self.dims) / ReduceSum(at, self.dims)
+
+
+class ReduceMax(_Extremum):
+    torch_name = "amax"
+
+
+class ReduceMin(_Extremum):
+    torch_name = "amin"
+
+
+class LogSumExp(Reduction):
+    """log(sum(exp(e))) along ``dims``, as torch's max-shifted kernel computes it."""
+
+    torch_name = "logsumexp"
+
+    def vjp(self, adjoint):
+        return adjoint * sympy.exp(self.operand - self)
+
+    def jvp(self, tangent):
+        return ReduceSum(sympy.exp(self.operand - self) * tangent, self.dims)
+
+    def _symgrad_torch(self, printer) -> str:
+        operand = printer._print(self.operand)
+        if not self.dims:
+            # (torch.logsumexp needs a dim: the flattened tensor's only one gives a 0-d result)
+            return f"torch.logsumexp({_operand(printer, self.operand)}.flatten(), 0)"
+        return f"torch.logsumexp({operand}, dim={print_dims(self.dims)}, keepdim=True)"
+
+
+class Norm(Reduction):
+    """The 2-norm along ``dims``."""
+
+    torch_name = "linalg.vector_norm"
+
+    def vjp(self, adjoint):
+        return adjoint * self.operand / self
+
+    def jvp(self, tangent):
+        return ReduceSum(self.operand * tangent, self.dims) / self
+
+    def _sympystr(self, printer) -> str:
+        if not self.dims:
+            return f"norm({printer._print(self.operand)})"
+        return f"norm({printer._print(self.operand)}, {print_dims(self.dims)})"
+
+
+class Softmax(RowFunction):
+    """exp(e - logsumexp(e)) along one dim."""
+
+    torch_name = "softmax"
+    keeps_shape = True
+
+    def vjp(self, adjoint):
+        return self * (adjoint - ReduceSum(adjoint * self, self.dims))
+
+    def jvp(self, tangent):
+        return self * (tangent - ReduceSum(tangent * self, self.dims))
+
+    def _symgrad_torch(self, printer) -> str:
+        return f"torch.{self.torch_name}({printer._print(self.operand)}, {print_dims(self.dims)})"
+
+
+class LogSoftmax(Softmax):
+    """e - logsumexp(e) along one dim."""
+
+    torch_name = "log_softmax"
+
+    def vjp(self, adjoint):
+        return adjoint - sympy.exp(self) * ReduceSum(adjoint, self.dims)
+
+    def jvp(self, tangent):
+        return tangent - ReduceSum(sympy.exp(self) * tangent, self.dims)
+
+
+class Gather(RowFunction):
+    """The element of ``e`` that the integer tensor ``t`` picks along the last dim (kept)."""
+
+    torch_name = "gather"
+
+    @property
+    def dims(self) -> sympy.Tuple:
+        return sympy.Tuple(sympy.Integer(-1))
+
+    @property
+    def index(self) -> sympy.Expr:
+        return self.args[1]
+
+    def vjp(self, adjoint):
+        return Scatter(adjoint, self.index, self.operand)
+
+    def jvp(self, tangent):
+        return Gather(tangent, self.index)
+
+    def _symgrad_torch(self, printer) -> str:
+        index = printer._print(self.index)
+        return f"torch.gather({printer._print(self.operand)}, -1, {index}.unsqueeze(-1))"
+
+    def _sympystr(self, printer) -> str:
+        return f"gather({printer._print(self.operand)}, {printer._print(self.index)})"
+
+
+class Chunk(RowFunction):
+    """The ``i``-th of ``n`` equal chunks of an input along its last dim.
+
+    Printed through ``unflatten``, which refuses a last dim that ``n`` does not divide (where
+    ``torch.chunk`` would make the last chunk shorter)."""
+
+    torch_name = "chunk"
+    keeps_shape = True  # (no dim reduced; the last is n times shorter)
+
+    @property
+    def dims(self) -> sympy.Tuple:
+        return sympy.Tuple(sympy.Integer(-1))
+
+    @property
+    def count(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def index(self) -> int:
+        return int(self.args[2])
+
+    def jvp(self, tangent):
+        return Chunk(tangent, *self.args[1:])
+
+    def _symgrad_torch(self, printer) -> str:
+        return f"{_operand(printer, self.operand)}.unflatten(-1, ({self.count}, -1))[..., {self.index}, :]"
+
+    def _sympystr(self, printer) -> str:
+        return f"chunk({printer._print(self.operand)}, {self.count}, {self.index})"
+
+
+class ChunkCat(sympy.Function):
+    """The ``n`` chunks' gradients side by side along the last dim (a chunk no output reads
+    gets zeros): the gradient of the input they were cut from."""
+
+    def _symgrad_torch(self, printer) -> str:
+        pieces = [printer._print(a) if a != 0 else None for a in self.args]
+        like = next(p for p in pieces if p is not None)
+        filled = [p if p is not None else f"torch.zeros_like({like})" for p in pieces]
+        return f"torch.cat(({', '.join(filled)}), -1)"
+
+    def _sympystr(self, printer) -> str:
+        return f"cat({', '.join(printer._print(a) for a in self.args)})"
+
+
+class Count(sympy.Function):
+    """How many elements of ``e`` a reduction along ``dims`` takes (a Python int at run time).
+
+    Printed from the shapes of the tensors ``e`` is computed from (:func:`_leaves`): those
+    reduced along the fewest dims decide, and negative dims align the trailing dims, so each
+    of them has the reduced dim's size there, or 1 where it broadcasts.
+    """
+
+    is_integer = True
+    is_positive = True
+
+    def _symgrad_torch(self, printer) -> str:
+        operand, dims = self.args
+        leaves = _leaves(operand, frozenset())
+        if not leaves:
+            return "1"
+        fewest = min((leaf.reduced for leaf in leaves), key=lambda d: (len(d), sorted(d)))
+        deciding = sorted({leaf for leaf in leaves if leaf.reduced == fewest}, key=lambda leaf: leaf.name)
+        if len(deciding) == 1 and deciding[0].gathered and not dims and not fewest:
+            return f"{deciding[0].name}.numel()"  # (one value per row of the gather's index)
+        shapes = [leaf.shape for leaf in deciding]
+        shape = shapes[0] if len(shapes) == 1 else f"torch.broadcast_shapes({', '.join(shapes)})"
+        if not dims:
+            total = f"{deciding[0].name}.numel()" if len(deciding) == 1 and not deciding[0].gathered else f"torch.Size({shape}).numel()"
+            reduced = [f"{shape}[{d}]" for d in sorted(fewest)]
+            return total if not reduced else f"{total} // ({' * '.join(reduced)})"
+        sizes = [f"{shape}[{int(d)}]" for d in dims if int(d) not in fewest]
+        if not sizes:
+            return "1"
+        return sizes[0] if len(sizes) == 1 else "(" + " * ".join(sizes) + ")"
+
+    def _sympystr(self, printer) -> str:
+        return f"count({printer._print(self.args[0])}, {print_dims(self.args[1])})"
+
+
+class _Leaf(tuple):
+    """A tensor a value is computed from: its name, whether it is a gather's index (whose
+    gathered dim has size 1) and the dims reductions took on the way."""
+
+    name = property(lambda self: self[0])
+    gathered = property(lambda self: self[1])
+    reduced = property(lambda self: self[2])
+
+    @property
+    def shape(self) -> str:
+        return f"(*{self.name}.shape, 1)" if self.gathered else f"{self.name}.shape"
+
+
+def _leaves(expr: sympy.Basic, reduced: frozenset) -> list[_Leaf]:
+    """The tensors ``expr``'s value broadcasts from (whole-tensor reductions and params that
+    may be numbers, Dummies here, contribute none)."""
+    if isinstance(expr, Gather):
+        return [_Leaf((str(expr.index), True, reduced))]
+    if isinstance(expr, Reduction):
+        if not expr.dims:
+            return []
+        return _leaves(expr.operand, reduced | frozenset(int(d) for d in expr.dims))
+    if isinstance(expr, sympy.Dummy):
+        return []
+    if isinstance(expr, sympy.Symbol):
+        return [_Leaf((str(expr), False, reduced))]
+    found = []
+    for arg in expr.args:
+        if isinstance(arg, sympy.Basic) and not isinstance(arg, sympy.Tuple):
+            found += _leaves(arg, reduced)
+    return found
+
+
+class Scatter(sympy.Function):
+    """``a`` (one value per row) at the class ``t`` picks along the last dim, 0 elsewhere, in
+    a tensor shaped like ``like``: the gradient of a gather."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("Scatter is not elementwise")
+
+    def _symgrad_torch(self, printer) -> str:
+        values, index, like = self.args
+        full = sorted((s for s in like.free_symbols), key=str)
+        anchor = printer._print(full[0])
+        index_text = printer._print(index)
+        return (
+            f"torch.zeros_like({anchor}).scatter(-1, {index_text}.unsqueeze(-1),"
+            f" {_operand(printer, values)}.expand(*{index_text}.shape, 1))"
+        )
+
+    def _sympystr(self, printer) -> str:
+        return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
+
+
+class IsEqual(sympy.Function):
+    """1 where ``a == b`` else 0 (a bool tensor, which arithmetic promotes)."""
+
+    is_nonnegative = True
+
+    def fdiff(self, argindex=1):
+        return sympy.S.Zero
+
+    def _symgrad_torch(self, printer) -> str:
+        return f"({printer._print(self.args[0])} == {printer._print(self.args[1])})"
+
+
+class OneHot(sympy.Function):
+    """1 at the class ``t`` picks along the last dim of ``like``, 0 elsewhere."""
+
+    is_nonnegative = True
+
+    def fdiff(self, argindex=1):
+        return sympy.S.Zero
+
+    def _symgrad_torch(self, printer) -> str:
+        index, like = self.args
+        classes = Count(like, dims_tuple(-1))._symgrad_torch(printer)
+        return f"torch.nn.functional.one_hot({printer._print(index)}, {classes})"
+
+
+def _operand(printer, expr: sympy.Expr) -> str:
+    text = printer._print(expr)
+    return text if expr.is_Symbol or isinstance(expr, sympy.Function) else f"({text})"
+
+
+ROW_FUNCTIONS = (ReduceSum, ReduceMean, ReduceMax, ReduceMin, LogSumExp, Norm, Softmax, LogSoftmax, Gather, Chunk)
+
+
+def is_rowwise(expr: sympy.Basic) -> bool:
+    """Whether ``expr`` has a row-wise function anywhere."""
+    return any(isinstance(node, RowFunction) for node in sympy.preorder_traversal(expr))

@@ -1,0 +1,437 @@
+"""The plan of a row-wise module: outputs with reductions, softmax, gather along a dim.
+
+The elementwise planner's bodies are ``grad_output * df/dx``; here backward is the VJP that
+:mod:`symgrad.derive.rowwise` builds node by node. What backward saves is chosen as the
+cheapest exact set, counted in full-size tensors:
+
+- an output where the VJP can be written in it (softmax's ``y*(g - sum(g*y))``; log_softmax
+  through ``exp(y)``), else the inputs;
+- each reduction the VJP reads (RMSNorm's ``mean(x**2)``, logsumexp's row value): one value
+  per row, which forward computes anyway and returns beside the outputs, marked
+  non-differentiable. Under ``create_graph`` backward recomputes them from the saved
+  inputs, so that double backward differentiates through them.
+
+Where torch has a backward kernel for the whole VJP (softmax and log_softmax), first-order
+backward calls it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from ..codegen.printer import print_torch
+from ..derive.rowwise import EVERY, jvp, reduced_dims, vjp
+from ..math.reductions import (
+    Count,
+    Gather,
+    LogSoftmax,
+    Reduction,
+    ReduceMean,
+    ReduceSum,
+    RowFunction,
+    Softmax,
+    WHOLE,
+    print_dims,
+)
+from ..frontend.parse import Parsed
+from ..naming import snake_case
+from .assemble import _with_helpers
+from .ir import Assign, Comment, If, Line, Method, Plan, Return, Unpack
+
+
+@dataclass(frozen=True)
+class _Saving:
+    """One way to write backward: its expressions and the values it reads from ctx."""
+
+    vjps: tuple[sympy.Expr, ...]
+    inputs: tuple[sympy.Symbol, ...]  # inputs and params it reads
+    outputs: tuple[int, ...]  # the outputs it reads, by index
+    stats: tuple[tuple[sympy.Symbol, sympy.Expr], ...]  # row values it reads, with their forward formula
+
+    def full_tensors(self, inputs: tuple[sympy.Symbol, ...], reduced: list) -> int:
+        return sum(1 for s in self.inputs if s in inputs) + sum(1 for i in self.outputs if not reduced[i])
+
+
+def forward_outputs(parsed: Parsed) -> tuple[sympy.Expr, ...]:
+    """Each output as one expression, a whole-output ``sum``/``mean`` as a node."""
+    kinds = {"sum": ReduceSum, "mean": ReduceMean}
+    return tuple(kinds[o.reduction](o.expr, WHOLE) if o.reduction else o.expr for o in parsed.outputs)
+
+
+def make_rowwise_plan(parsed: Parsed) -> Plan:
+    return _Planner(parsed).plan()
+
+
+class _Planner:
+    def __init__(self, parsed: Parsed) -> None:
+        self.p = parsed
+        self.spec = parsed.spec
+        self.inputs = parsed.inputs
+        self.params = parsed.params
+        self.outputs = tuple(stabilised(f) for f in forward_outputs(parsed))
+        everything = frozenset(self.inputs + self.params)
+        # dims each output has size 1 along (dropped from what it returns), EVERY for 0-d
+        self.reduced = [reduced_dims(f, everything) for f in self.outputs]
+        self.names = {s: s.name for s in self.inputs + self.params}
+        self.alias = snake_case(self.spec.name)
+        n = len(self.outputs)
+        self.results = ["result"] if n == 1 else [f"result{i}" for i in range(n)]
+        self.grads = ["grad_output"] if n == 1 else [f"grad_output{i}" for i in range(n)]
+        self.adjoints = [sympy.Symbol(g, real=True) for g in self.grads]
+        self.result_symbols = [sympy.Symbol(r, real=True) for r in self.results]
+        self.tangent_symbols = {s: sympy.Symbol(f"{s.name}_tangent", real=True) for s in self.inputs}
+        for symbol in self.adjoints + self.result_symbols + list(self.tangent_symbols.values()):
+            self.names[symbol] = symbol.name
+
+    # -- what backward saves ------------------------------------------------------------
+
+    def saving(self) -> _Saving:
+        raw = tuple(self.counted_by_inputs(v) for v in vjp(list(self.outputs), self.adjoints, self.inputs))
+        options = [self._with_stats(raw, outputs=False), self._with_stats(raw, outputs=True)]
+        return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
+
+    def _with_stats(self, raw: tuple[sympy.Expr, ...], outputs: bool) -> _Saving:
+        replacements: dict[sympy.Expr, sympy.Expr] = {}
+        if outputs:
+            for i, f in enumerate(self.outputs):
+                replacements[f] = self.result_symbols[i]
+                if isinstance(f, LogSoftmax):
+                    # softmax(u) is exp(log_softmax(u)): backward reads the output
+                    replacements[Softmax(*f.args)] = sympy.exp(self.result_symbols[i])
+        vjps = tuple(v.xreplace(replacements) for v in raw)
+        stats: dict[sympy.Expr, sympy.Symbol] = {}
+        for v in vjps:
+            for node in sympy.preorder_traversal(v):
+                if isinstance(node, Reduction) and node.free_symbols & set(self.inputs) and _in_forward(node, self.outputs):
+                    if not (node.free_symbols & set(self.adjoints)):
+                        stats.setdefault(node, sympy.Symbol(f"row{len(stats)}", real=True))
+        vjps = tuple(_outside_counts(v, stats) for v in vjps)
+        used = set().union(*(v.free_symbols for v in vjps))
+        read_inputs = tuple(s for s in self.inputs + self.params if s in used or _counts(vjps, s))
+        read_outputs = tuple(i for i, r in enumerate(self.result_symbols) if r in used)
+        kept_stats = tuple((symbol, node) for node, symbol in stats.items() if symbol in used)
+        return _Saving(vjps, read_inputs, read_outputs, kept_stats)
+
+    def counted_by_inputs(self, expr: sympy.Expr) -> sympy.Expr:
+        """``expr`` with each Count read from the inputs' shapes alone: a param may be a
+        Python number, which has none (a gather's index keeps its own)."""
+        indices = {node.index for node in sympy.preorder_traversal(expr) if isinstance(node, Gather)}
+        numbers = {p: _NUMBER for p in self.params if p not in indices}
+
+        def shape_only(operand: sympy.Expr) -> sympy.Expr:
+            return operand.xreplace(numbers)
+
+        return expr.replace(lambda e: isinstance(e, Count), lambda e: Count(shape_only(e.args[0]), e.args[1]))
+
+    # -- the methods ---------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        saving = self.saving()
+        self._saving = saving
+        self._stats_count = len(saving.stats)
+        for symbol, _ in saving.stats:
+            self.names[symbol] = symbol.name
+        forward = self.forward(saving)
+        setup = self.setup_context(saving)
+        backward = self.backward(saving)
+        jvp_method, forward_ad = self.jvp()
+        public = tuple(s.name for s in self.inputs + self.params)
+        n_out = len(self.outputs)
+        extra = len(saving.stats)
+        return _with_helpers(Plan(
+            class_name=self.spec.name,
+            no_jvp_class=f"_{self.spec.name}NoJvp",
+            alias=self.alias,
+            public_params=public,
+            call_args=public,
+            public_outputs="" if not extra else ("[0]" if n_out == 1 else f"[:{n_out}]"),
+            docstring=self.docstring(saving),
+            saved_comment=self.saved_comment(saving),
+            forward=forward,
+            setup_context=setup,
+            backward=backward,
+            jvp=jvp_method,
+            setup_forward_ad=forward_ad,
+            metadata=self.metadata(saving),
+            inplace=False,
+            refuses_double_backward=False,
+            surrogate=False,
+        ))
+
+    def print(self, expr: sympy.Expr) -> str:
+        return print_torch(expr, self.names)
+
+    def body(self, exprs: list[sympy.Expr], prefix: str = "t") -> tuple[list[Assign], list[str]]:
+        """CSE'd assignments and the printed values of ``exprs``."""
+        statements, reduced = self.cse(exprs, prefix)
+        return statements, [self.print(e) for e in reduced]
+
+    def cse(self, exprs: list[sympy.Expr], prefix: str) -> tuple[list[Assign], list[sympy.Expr]]:
+        temporaries = sympy.numbered_symbols(prefix, real=True)
+        pairs, reduced = sympy.cse(exprs, symbols=temporaries, order="canonical", ignore=tuple(self.adjoints))
+        statements = []
+        for symbol, value in pairs:
+            self.names[symbol] = symbol.name
+            statements.append(Assign(symbol.name, self.print(value)))
+        return statements, list(reduced)
+
+    def squeezed(self, expr: sympy.Expr, dims) -> str:
+        """``expr`` printed, with the size-1 ``dims`` of a reduced output dropped."""
+        text = self.print(expr)
+        if dims == EVERY or not dims:
+            return text
+        # (a name or one call is an operand as it is)
+        atom = expr.is_Symbol or isinstance(expr, (RowFunction, sympy.exp, sympy.log))
+        return f"{text if atom else f'({text})'}.squeeze({print_dims(_tuple(dims))})"
+
+    def forward(self, saving: _Saving) -> Method:
+        exprs = list(self.outputs) + [node for _, node in saving.stats]
+        statements, reduced = self.cse(exprs, "t")
+        values = [self.squeezed(e, self.reduced[i]) if i < len(self.outputs) else self.print(e) for i, e in enumerate(reduced)]
+        return Method(params=tuple(s.name for s in self.inputs + self.params), body=tuple(statements), values=tuple(values))
+
+    def setup_context(self, saving: _Saving) -> Method:
+        lines: list = []
+        n_out = len(self.outputs)
+        outputs_named = saving.outputs or saving.stats
+        if self.inputs + self.params:
+            names = [s.name for s in self.inputs + self.params]
+            target = f"{names[0]}," if len(names) == 1 else ", ".join(names)
+            lines.append(Line(f"{target} = inputs"))
+        if outputs_named:
+            if saving.stats:
+                out_names = self.results + [s.name for s, _ in saving.stats]
+            else:
+                out_names = self.results
+            target = f"{out_names[0]}," if len(out_names) == 1 else ", ".join(out_names)
+            lines.append(Line(f"{target} = {'output' if len(out_names) > 1 or n_out > 1 else '(output,)'}"))
+            if saving.stats:
+                lines.append(Line(f"ctx.mark_non_differentiable({', '.join(s.name for s, _ in saving.stats)})"))
+        saved = []
+        for symbol in saving.inputs:
+            if symbol in self.params:
+                # A param may be a Python number, which save_for_backward refuses: kept on ctx.
+                name = symbol.name
+                lines.append(Assign(f"ctx.{name}_number", f"None if isinstance({name}, torch.Tensor) else {name}"))
+                saved.append(f"{name} if ctx.{name}_number is None else None")
+            else:
+                saved.append(symbol.name)
+        saved += [self.results[i] for i in saving.outputs] + [s.name for s, _ in saving.stats]
+        lines.append(Line(f"ctx.save_for_backward({', '.join(saved)})"))
+        for j, x in enumerate(self.inputs):
+            if self._reshapes_gradient(j):
+                lines.append(Line(f"ctx.{x.name}_shape = {x.name}.shape"))
+        return Method(params=("ctx", "inputs", "output"), body=tuple(lines))
+
+    def _reshapes_gradient(self, j: int) -> bool:
+        """Whether input j's gradient may need summing or expanding to its shape: several
+        tensors broadcast together, or a gradient reduced along a dim."""
+        return len(self.inputs) + len(self.params) > 1 or self._gradient_is_reduced(j)
+
+    def _gradient_is_reduced(self, j: int) -> bool:
+        dims = self.value_dims(self._saving.vjps[j])
+        return self._saving.vjps[j] != 0 and (dims == EVERY or bool(dims))
+
+    def value_dims(self, expr: sympy.Expr):
+        """The reduced dims of a backward value: upstream gradients and saved outputs have
+        their outputs' (kept), row values their reduction's."""
+        known = {}
+        for i, dims in enumerate(self.reduced):
+            known[self.adjoints[i]] = dims
+            known[self.result_symbols[i]] = dims
+        everything = frozenset(self.inputs + self.params)
+        for symbol, node in self._saving.stats:
+            known[symbol] = reduced_dims(node, everything)
+        return reduced_dims(expr, everything, known)
+
+    def backward(self, saving: _Saving) -> Method:
+        saved = [s.name for s in saving.inputs] + [self.results[i] for i in saving.outputs] + [s.name for s, _ in saving.stats]
+        params = ("ctx", *self.grads) if not saving.stats else ("ctx", *self.grads, *(f"_grad_{s.name}" for s, _ in saving.stats))
+        head: list = []
+        for i, dims in enumerate(self.reduced):
+            if dims != EVERY and dims:
+                # (the output dropped the dims it reduced: put them back, to broadcast)
+                head.append(Assign(self.grads[i], f"{self.grads[i]}{_unsqueezes(dims)}"))
+                if i in saving.outputs:
+                    head.append(Assign(self.results[i], f"{self.results[i]}{_unsqueezes(dims)}"))
+        if saving.stats:
+            recompute = []
+            for symbol, node in saving.stats:
+                recompute.append(Assign(symbol.name, self.print(node)))
+            head.append(Comment("under create_graph, the row values are recomputed so that they are differentiable"))
+            head.append(If("torch.is_grad_enabled()", tuple(recompute)))
+        kernel = _kernel_backward(self, saving)
+        statements, reduced = self.cse(list(saving.vjps), "t")
+        values = [self.print(e) for e in reduced]
+        everything = frozenset(self.inputs + self.params)
+        final = []
+        for j, (x, value) in enumerate(zip(self.inputs, values)):
+            atom = reduced[j].is_Symbol or isinstance(reduced[j], RowFunction)
+            dims = self.value_dims(saving.vjps[j])
+            if saving.vjps[j] == 0:
+                final.append("None")
+            elif len(self.inputs) + len(self.params) > 1:
+                final.append(f"_reduced_to({value}, ctx.{x.name}_shape)")
+            elif dims == EVERY or dims:
+                final.append(f"{value if atom else f'({value})'}.expand(ctx.{x.name}_shape)")
+            else:
+                final.append(value)
+        final += ["None"] * len(self.params)
+        numbers = tuple(s.name for s in saving.inputs if s in self.params)
+        unpack = Unpack(tuple(saved), numbers) if saved else None
+        if kernel is not None:
+            head.append(If("not torch.is_grad_enabled()", kernel))
+        helpers = frozenset({"_reduced_to"}) if any("_reduced_to(" in v for v in final) else frozenset()
+        return Method(
+            params=params, body=tuple(head) + tuple(statements), values=tuple(final), unpack=unpack, value_helpers=helpers
+        )
+
+    def jvp(self) -> tuple[Method, tuple[str, ...]]:
+        tangents = [self.counted_by_inputs(t) for t in jvp(list(self.outputs), self.tangent_symbols, self.inputs)]
+        statements, reduced = self.cse(list(tangents), "u")
+        values = [self.squeezed(e, self.reduced[i]) for i, e in enumerate(reduced)]
+        names = [s.name for s in self.inputs + self.params]
+        used = set().union(*(t.free_symbols for t in tangents))
+        kept = [s for s in self.inputs + self.params if s in used]
+        numbers = tuple(s.name for s in kept if s in self.params)
+        lines = [f"{names[0]}, = inputs" if len(names) == 1 else f"{', '.join(names)} = inputs"]
+        saved = [f"{s.name} if ctx.{s.name}_number is None else None" if s in self.params else s.name for s in kept]
+        lines.append(f"ctx.save_for_forward({', '.join(saved)})")
+        unpack = Unpack(tuple(s.name for s in kept), numbers) if kept else None
+        params = ("ctx", *(self.tangent_symbols[s].name for s in self.inputs), *(f"_{s.name}_tangent" for s in self.params))
+        if self._stats_count:
+            values = values + ["None"] * self._stats_count
+        return Method(params=params, body=tuple(statements), values=tuple(values), unpack=unpack), tuple(lines)
+
+    # -- documentation ------------------------------------------------------------------
+
+    def docstring(self, saving: _Saving) -> str:
+        lines = []
+        for i, f in enumerate(self.outputs):
+            lines.append(f"f{i if len(self.outputs) > 1 else ''}({', '.join(s.name for s in self.inputs)}) = {f}")
+        for x, v in zip(self.inputs, saving.vjps):
+            lines.append(f"grad_{x.name} = {v}")
+        return "\n".join(lines)
+
+    def saved_comment(self, saving: _Saving) -> tuple[str, ...]:
+        parts = [s.name for s in saving.inputs] + [self.results[i] for i in saving.outputs]
+        parts += [f"{s.name} = {node} (one value per row)" for s, node in saving.stats]
+        return (f"Saved for backward: {', '.join(parts)}.",)
+
+    def metadata(self, saving: _Saving) -> str:
+        saved = [s.name for s in saving.inputs] + [self.results[i] for i in saving.outputs] + [s.name for s, _ in saving.stats]
+        data = {"expr": self.spec.expr, "inputs": [s.name for s in self.inputs], "saved": saved, "rowwise": True}
+        return repr(data)
+
+
+def _kernel_backward(planner: _Planner, saving: _Saving):
+    """First-order backward by torch's own kernel, where the VJP is softmax's or log_softmax's."""
+    if len(planner.outputs) != 1 or len(planner.inputs) != 1 or saving.outputs != (0,):
+        return None
+    f = planner.outputs[0]
+    if not isinstance(f, Softmax) or f.operand != planner.inputs[0]:
+        return None
+    kernel = "_softmax_backward_data" if type(f) is Softmax else "_log_softmax_backward_data"
+    g, y = planner.grads[0], planner.results[0]
+    return (Return((f"torch.ops.aten.{kernel}({g}, {y}, {print_dims(f.dims)}, {y}.dtype)",)),)
+
+
+def stabilised(expr: sympy.Expr) -> sympy.Expr:
+    """Textbook row-wise formulas as torch's stable kernels: ``exp(e)/sum(exp(e), d)`` is
+    softmax, ``log(sum(exp(e), d))`` logsumexp, ``e - logsumexp(e, d)`` log_softmax,
+    ``exp(e - logsumexp(e, d))`` softmax."""
+
+    def rewrite(node: sympy.Expr) -> sympy.Expr:
+        if isinstance(node, Gather) and type(node.operand) is LogSoftmax:
+            # A gathered log_softmax is the gathered logit less the row's logsumexp: no
+            # full-size log-probabilities, and backward reads the logsumexp (cross-entropy).
+            inner = node.operand
+            return Gather(inner.operand, node.index) - _LSE(inner.operand, inner.dims)
+        if isinstance(node, sympy.log) and type(node.args[0]) is Softmax:
+            return LogSoftmax(*node.args[0].args)
+        if isinstance(node, sympy.log) and isinstance(node.args[0], ReduceSum):
+            inner = node.args[0].operand
+            if isinstance(inner, sympy.exp):
+                return _lse(inner.args[0], node.args[0].dims)
+        if node.is_Mul:
+            sums = [a for a in node.args if a.is_Pow and a.exp == -1 and isinstance(a.base, ReduceSum)]
+            for power in sums:
+                inner = power.base.operand
+                if isinstance(inner, sympy.exp) and inner in node.args and len(power.base.dims) == 1:
+                    rest = [a for a in node.args if a is not power and a != inner]
+                    return sympy.Mul(*rest) * Softmax(inner.args[0], power.base.dims)
+        if isinstance(node, sympy.exp) and node.args[0].is_Add:
+            for term in node.args[0].args:
+                lse = -term
+                if isinstance(lse, _LSE) and len(lse.dims) == 1 and node.args[0] - term == lse.operand:
+                    return Softmax(lse.operand, lse.dims)
+        if node.is_Add:
+            for term in node.args:
+                lse = -term
+                if isinstance(lse, _LSE) and len(lse.dims) == 1 and (node - term) == lse.operand:
+                    return LogSoftmax(lse.operand, lse.dims)
+        return node
+
+    stable = _bottom_up(expr, rewrite)
+    if isinstance(stable, Softmax):
+        return stable  # (an output of its own: torch's kernel, and its backward kernel)
+
+    def through_lse(node: sympy.Expr) -> sympy.Expr:
+        # Inside an expression, softmax and log_softmax read the row's logsumexp, which
+        # backward then reads too (one value per row, not a second full-size tensor).
+        if type(node) is LogSoftmax:
+            return node.operand - _LSE(node.operand, node.dims)
+        if type(node) is Softmax:
+            return sympy.exp(node.operand - _LSE(node.operand, node.dims))
+        return node
+
+    return _bottom_up(stable, through_lse)
+
+
+from ..math.reductions import LogSumExp as _LSE  # noqa: E402
+
+
+def _lse(operand: sympy.Expr, dims: sympy.Tuple) -> sympy.Expr:
+    return _LSE(operand, dims)
+
+
+# A param in a Count's operand: it may be a Python number, which has no shape (Count's
+# printer skips it); a symbol, not 1, so that no term cancels ((1 - s)*gather(...)).
+_NUMBER = sympy.Dummy("number", positive=True)
+
+
+def _bottom_up(expr: sympy.Expr, rewrite) -> sympy.Expr:
+    if not expr.args or isinstance(expr, (sympy.Tuple,)):
+        return expr
+    args = [_bottom_up(a, rewrite) if isinstance(a, sympy.Basic) else a for a in expr.args]
+    node = expr.func(*args) if any(a is not b for a, b in zip(args, expr.args)) else expr
+    return rewrite(node)
+
+
+def _outside_counts(expr: sympy.Expr, replacements: dict) -> sympy.Expr:
+    """``expr.xreplace(replacements)``, but not inside a Count: a count reads the shapes of
+    the tensors its operand is computed from, which a saved row value does not have."""
+    counts = {node: sympy.Dummy("count") for node in sympy.preorder_traversal(expr) if isinstance(node, Count)}
+    hidden = expr.xreplace(counts)
+    return hidden.xreplace(replacements).xreplace({v: k for k, v in counts.items()})
+
+
+def _in_forward(node: sympy.Expr, outputs) -> bool:
+    return any(node in set(sympy.preorder_traversal(f)) for f in outputs)
+
+
+def _counts(vjps, symbol) -> bool:
+    return False
+
+
+def _tuple(dims) -> sympy.Tuple:
+    return sympy.Tuple(*(sympy.Integer(d) for d in sorted(dims)))
+
+
+def _unsqueezes(dims) -> str:
+    """Calls that put back the size-1 ``dims`` a reduced output dropped."""
+    positive = sorted(d for d in dims if d >= 0)
+    negative = sorted((d for d in dims if d < 0), reverse=True)
+    return "".join(f".unsqueeze({d})" for d in positive + negative)

@@ -1,0 +1,296 @@
+"""Row-wise modules (reductions along a dim, softmax, gather): the contract every generated
+module keeps, against torch's own functions.
+
+Each case is a textbook formula with its torch reference; the module is generated into a
+temporary folder and checked: values against the reference (float64), gradcheck and
+gradgradcheck, forward AD, vmap against a loop (over a new leading dim too), jacfwd ==
+jacrev, torch.compile(fullgraph=True) through the alias, and float32/float16/bfloat16 values.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from symgrad.api import generate_source
+from symgrad.errors import SymgradError
+from symgrad.naming import snake_case
+
+from conftest import rowwise_generated_names
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    expr: str
+    reference: Callable
+    inputs: tuple[str, ...] = ("x",)
+    params: tuple[str, ...] = ()
+    shapes: dict = field(default_factory=dict)  # input -> shape (default (4, 6))
+    values: dict = field(default_factory=dict)  # param -> value (a number, or a tensor maker)
+    saved_full: int = 1  # full-size tensors backward may save
+
+
+def _targets():
+    return torch.tensor([1, 0, 5, 2])
+
+
+CASES = [
+    Case("Softmax", "exp(x)/sum(exp(x), -1)", lambda x: torch.softmax(x, -1)),
+    Case("LogSoftmax", "x - log(sum(exp(x), -1))", lambda x: torch.log_softmax(x, -1)),
+    Case("LogSumExp", "log(sum(exp(x), -1))", lambda x: torch.logsumexp(x, -1)),
+    Case(
+        "RMSNorm",
+        "x/sqrt(mean(x**2, -1) + eps)*w",
+        lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
+        inputs=("x", "w"),
+        params=("eps",),
+        shapes={"w": (6,)},
+        values={"eps": 1e-6},
+    ),
+    Case(
+        "CrossEntropy",
+        "mean(-gather(log_softmax(x, -1), t))",
+        lambda x, t: F.cross_entropy(x, t),
+        params=("t",),
+        values={"t": _targets},
+    ),
+    Case(
+        "CosineSimilarity",
+        "sum(x*y, -1)/sqrt(sum(x**2, -1)*sum(y**2, -1))",
+        lambda x, y: F.cosine_similarity(x, y, dim=-1, eps=0.0),
+        inputs=("x", "y"),
+        saved_full=2,
+    ),
+    Case("L2Normalize", "x/norm(x, -1)", lambda x: F.normalize(x, dim=-1, eps=0.0)),
+    Case(
+        "Entropy",
+        "-sum(softmax(x, -1)*log_softmax(x, -1), -1)",
+        lambda x: torch.distributions.Categorical(logits=x).entropy(),
+    ),
+    Case(
+        "LayerNorm",
+        "(x - mean(x, -1))/sqrt(mean((x - mean(x, -1))**2, -1) + eps)*w + b",
+        lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
+        inputs=("x", "w", "b"),
+        params=("eps",),
+        shapes={"w": (6,), "b": (6,)},
+        values={"eps": 1e-5},
+    ),
+    Case(
+        "LabelSmoothedCrossEntropy",
+        "mean(-(1 - s)*gather(log_softmax(x, -1), t) - s*mean(log_softmax(x, -1), -1))",
+        lambda x, t, s: F.cross_entropy(x, t, label_smoothing=s),
+        params=("t", "s"),
+        values={"t": _targets, "s": 0.1},
+    ),
+    Case("SwiGLU", "chunk(x, 2, 0)*sigmoid(chunk(x, 2, 0))*chunk(x, 2, 1)", lambda x: F.silu(x[..., :3]) * x[..., 3:]),
+    Case(
+        "TextbookEntropy",
+        "-sum(exp(x)/sum(exp(x), -1)*log(exp(x)/sum(exp(x), -1)), -1)",
+        lambda x: torch.distributions.Categorical(logits=x).entropy(),
+    ),
+    Case("RowMax", "amax(x, -1)", lambda x: torch.amax(x, -1)),
+    Case("SumSquares", "sum(x**2)", lambda x: (x**2).sum()),
+    # shapes: reductions meeting whole-tensor ones, tuple dims, a positive dim
+    Case("RowSums", "sum(x, -1)", lambda x: x.sum(-1)),
+    Case("RowsTimesMean", "sum(x, -1)*mean(x)", lambda x: x.sum(-1) * x.mean()),
+    Case("MeanOfRowMax", "mean(amin(x, -1))", lambda x: torch.amin(x, -1).mean()),
+    Case("Centered", "x - mean(x, (-2, -1))", lambda x: x - x.mean((-2, -1), keepdim=True), shapes={"x": (2, 3, 4)}),
+    Case("ColumnSoftmax", "softmax(x, 0)", lambda x: torch.softmax(x, 0)),
+    Case("ColumnNorms", "norm(x, 0)", lambda x: torch.linalg.vector_norm(x, dim=0)),
+    Case("Normalized", "x/sum(x)", lambda x: x / x.sum(), shapes={"x": (3, 4)}),
+]
+
+
+def _load(case: Case, directory):
+    """The module in generated/ where [tool.symgrad] has this case, else one generated here."""
+    if snake_case(case.name) in rowwise_generated_names():
+        module = importlib.import_module(f"generated.{snake_case(case.name)}")
+        if module.__symgrad__["expr"] == case.expr:
+            return module
+    source = generate_source(case.expr, case.name, inputs=case.inputs, params=case.params)
+    path = directory / f"rowwise_{case.name.lower()}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # (Dynamo looks globals up by module name)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(case: Case, dtype=torch.float64, requires_grad=True):
+    generator = torch.Generator().manual_seed(0)
+    tensors = []
+    for name in case.inputs:
+        shape = case.shapes.get(name, (4, 6))
+        value = torch.randn(shape, generator=generator, dtype=torch.float64)
+        if name == "x" and case.name == "Normalized":
+            value = value.abs() + 1  # (a sum far from 0)
+        tensors.append(value.to(dtype).requires_grad_(requires_grad))
+    params = [case.values[p]() if callable(case.values[p]) else case.values[p] for p in case.params]
+    return tensors, params
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("rowwise")
+    return {case.name: _load(case, directory) for case in CASES}
+
+
+def _alias(module):
+    return getattr(module, module.__all__[1])
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_values_match_torch(case, modules):
+    tensors, params = _args(case)
+    got = _alias(modules[case.name])(*tensors, *params)
+    want = case.reference(*tensors, *params)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gradients_match_torch(case, modules):
+    tensors, params = _args(case)
+    got = _alias(modules[case.name])(*tensors, *params)
+    upstream = torch.randn_like(got)
+    mine = torch.autograd.grad(got, tensors, upstream)
+    theirs = torch.autograd.grad(case.reference(*tensors, *params), tensors, upstream)
+    for a, b in zip(mine, theirs):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gradcheck_and_gradgradcheck(case, modules):
+    tensors, params = _args(case)
+    function = lambda *xs: _alias(modules[case.name])(*xs, *params)  # noqa: E731
+    assert torch.autograd.gradcheck(function, tensors)
+    assert torch.autograd.gradgradcheck(function, tensors)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_forward_ad(case, modules):
+    tensors, params = _args(case)
+    function = lambda *xs: _alias(modules[case.name])(*xs, *params)  # noqa: E731
+    assert torch.autograd.gradcheck(
+        function, tensors, check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_jacfwd_equals_jacrev(case, modules):
+    tensors, params = _args(case, requires_grad=False)
+    function = lambda *xs: _alias(modules[case.name])(*xs, *params)  # noqa: E731
+    argnums = tuple(range(len(tensors)))
+    forward = torch.func.jacfwd(function, argnums=argnums)(*tensors)
+    reverse = torch.func.jacrev(function, argnums=argnums)(*tensors)
+    for a, b in zip(forward, reverse):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_vmap_matches_a_loop(case, modules):
+    tensors, params = _args(case, requires_grad=False)
+    function = lambda *xs: _alias(modules[case.name])(*xs, *params)  # noqa: E731
+    # over the leading dim of the first input, and over a new leading dim of all of them
+    batched = [torch.stack([t, 2 * t]) for t in tensors]
+    got = torch.func.vmap(function)(*batched)
+    want = torch.stack([function(*[b[k] for b in batched]) for k in range(2)])
+    torch.testing.assert_close(got, want)
+    grads = torch.func.vmap(torch.func.grad(lambda *xs: function(*xs).sum()))(*batched)
+    loop = torch.stack([torch.func.grad(lambda *xs: function(*xs).sum())(*[b[k] for b in batched]) for k in range(2)])
+    torch.testing.assert_close(grads, loop)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_compiles_fullgraph(case, modules):
+    torch._dynamo.reset()
+    tensors, params = _args(case, dtype=torch.float32)
+    alias = _alias(modules[case.name])
+    compiled = torch.compile(lambda *xs: alias(*xs, *params), fullgraph=True, backend="aot_eager")
+    got = compiled(*tensors)
+    torch.testing.assert_close(got, alias(*tensors, *params))
+    got.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_low_precision_dtypes(case, modules, dtype):
+    tensors, params = _args(case, dtype=dtype)
+    got = _alias(modules[case.name])(*tensors, *params)
+    assert got.dtype == dtype
+    want = case.reference(*[t.double() for t in tensors], *params)
+    tolerance = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
+    got.sum().backward()
+    assert all(t.grad.dtype == dtype and torch.isfinite(t.grad).all() for t in tensors)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_saves_at_most_one_full_tensor_plus_row_values(case, modules):
+    tensors, params = _args(case)
+    full = tensors[0].numel()
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _alias(modules[case.name])(*tensors, *params)
+    sizes = sorted(t.numel() for t in saved)
+    assert sum(1 for s in sizes if s >= full) <= case.saved_full, sizes
+
+
+@pytest.mark.parametrize(
+    "expr, message",
+    [
+        ("softmax(x, (-2, -1))", "takes one dim"),
+        ("sum(x, 1.5)", "must be an int"),
+        ("sum(x, ())", "empty tuple"),
+        ("sum(x, (-1, -1))", "names a dim twice"),
+        ("sum(x, (0, -1))", "mixes negative"),
+        ("sum(x, 100)", "out of range"),
+        ("gather(x, 2*t)", "by its name"),
+        ("softmax(x)", "takes 2 arguments"),
+    ],
+)
+def test_bad_row_functions_are_refused(expr, message):
+    with pytest.raises(SymgradError, match=message):
+        generate_source(expr, "Bad")
+
+
+@pytest.mark.parametrize("name", ["Softmax", "LogSoftmax", "LogSumExp", "CrossEntropy", "TextbookEntropy"])
+def test_textbook_formulas_are_exact_at_any_logit_scale(name, modules):
+    """exp(x)/sum(exp(x)) and log(sum(exp(x))) become torch's max-shifted kernels: finite and
+    equal to torch's own at logits of 1e4, where the textbook formula overflows."""
+    case = next(c for c in CASES if c.name == name)
+    tensors, params = _args(case, dtype=torch.float32)
+    scaled = [(1e4 * t.detach()).requires_grad_() for t in tensors]
+    got = _alias(modules[name])(*scaled, *params)
+    torch.testing.assert_close(got, case.reference(*scaled, *params), rtol=1e-5, atol=1e-3)
+    got.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in scaled)
+
+
+def test_a_chunk_count_that_does_not_divide_is_refused_at_call_time(modules):
+    with pytest.raises(RuntimeError, match="unflatten"):
+        _alias(modules["SwiGLU"])(torch.randn(2, 5))
+
+
+def test_every_rowwise_module_in_generated_is_a_case():
+    """Each row-wise module in generated/ runs this file's contract (as a case of CASES)."""
+    cased = {snake_case(c.name): c.expr for c in CASES}
+    for name in rowwise_generated_names():
+        module = importlib.import_module(f"generated.{name}")
+        assert cased.get(name) == module.__symgrad__["expr"], name
