@@ -2,7 +2,8 @@
 
 The Python API:
 
-- :func:`generate_source` returns a generated module's text;
+- :func:`generate_source` returns a generated module's text, and :func:`function` the
+  Function class that text defines, loaded in this process (for notebooks);
 - :func:`build_spec` validates the arguments into a :class:`Spec`, and
   :func:`generate_file` writes its module into a folder (only when the text changed);
 - :class:`SymgradError` is the one exception for bad input, with a one-line message;
@@ -20,6 +21,7 @@ The ``symgrad`` command (``symgrad EXPR --name NAME``, ``symgrad build``, ``rege
 from __future__ import annotations
 
 from .api import build_spec as build_spec
+from .api import function as function
 from .api import generate_file as generate_file
 from .api import generate_source as generate_source
 from .errors import SymgradError as SymgradError
@@ -33,6 +35,7 @@ __all__ = [
     "SymgradWarning",
     "Spec",
     "build_spec",
+    "function",
     "generate_file",
     "generate_source",
 ]
