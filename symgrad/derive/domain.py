@@ -36,8 +36,9 @@ def sampling_domain(derivation: Derivation) -> tuple[tuple[sympy.Symbol, float, 
     finite and moderate (at most DOMAIN_MAX_ABS) at deterministic probe points, like
     OpInfo's input domains. A given interval is the user's choice, taken as it is: where the
     values on it are too large for that rule (``exp(x)`` on ``x=-20:20``), they need only be
-    real and finite, the other symbols' intervals are chosen by that rule too, and a
-    :class:`~symgrad.errors.SymgradWarning` says how large they get.
+    real and finite, the intervals derived beside it then need only keep them finite too
+    (no interval could keep them moderate), and a :class:`~symgrad.errors.SymgradWarning`
+    says how large they get.
 
     Raises:
         SymgradError: for a ``--domain`` of no input or param, a function that cannot be
