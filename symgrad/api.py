@@ -1,7 +1,8 @@
 """The pipeline, parse -> derive -> plan -> render -> write, as a Python API.
 
 :func:`generate_source` returns a module's text; :func:`build_spec` and
-:func:`generate_file` write one, as the ``symgrad`` command does. Every bad input raises
+:func:`generate_file` write one, as the ``symgrad`` command does; :func:`function` loads
+one in this process and returns its Function class. Every bad input raises
 :class:`~symgrad.errors.SymgradError` with the one-line message the command prints, and
 nothing is written.
 """
@@ -10,19 +11,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .version import __version__
 from .derive import derive
 from .errors import SymgradError
-from .naming import check_class_name
+from .naming import check_class_name, snake_case
 from .frontend.parse import parse_spec
 from .plan import make_plan
 from .plan.rowwise import make_rowwise_plan
 from .math.reductions import is_rowwise
 from .codegen.render import render, template_dir, template_fingerprint, template_name
 from .spec import SAVE_POLICIES, Spec
+from .codegen.load import load_source
 from .codegen.write import Header, compose, write_if_changed
+from .plan.docs import metadata_of
+
+if TYPE_CHECKING:  # (torch is imported by the generated code, when it runs)
+    import torch
 
 
 def build_spec(
@@ -154,6 +160,46 @@ def generate_source(
     if unknown:
         raise SymgradError(f"unknown option {unknown[0]!r}; expected one of {', '.join(sorted(known))}")
     return source_for_spec(build_spec(expr, name, inputs=inputs, params=params, **options))
+
+
+def function(
+    expr: str,
+    name: str,
+    *,
+    inputs: Iterable[str] | None = None,
+    params: Iterable[str] | None = None,
+    **options: Any,
+) -> type[torch.autograd.Function]:
+    """Generate a Function and load it in this process (for notebooks): returns its class.
+
+    The class runs from exactly the text :func:`generate_source` returns for the same
+    arguments, executed as a module of its own (registered in ``sys.modules``, as
+    torch.compile needs). Its functional alias, the call that also works under
+    torch.compile, is the class's ``functional`` attribute; the module, with the alias under
+    its own name (``cube``) and ``__symgrad__``, is ``sys.modules[Cube.__module__]``. Each
+    call loads a new module, so functions of the same name never clash.
+
+    >>> import torch
+    >>> Cube = function("x**3", "Cube")
+    >>> x = torch.tensor([1.0, 2.0], requires_grad=True)
+    >>> Cube.functional(x).sum().backward()
+    >>> x.grad
+    tensor([ 3., 12.])
+    >>> torch.equal(Cube.apply(x), x**3)
+    True
+
+    Args:
+        expr, name, inputs, params, **options: as for :func:`generate_source`.
+
+    Raises:
+        SymgradError: for any bad input, as :func:`generate_source` does; nothing is loaded.
+    """
+    source = generate_source(expr, name, inputs=inputs, params=params, **options)
+    module = load_source(source, snake_case(name))
+    meta = metadata_of(module)
+    cls = getattr(module, meta["function"])
+    cls.functional = staticmethod(getattr(module, meta["alias"]))
+    return cls
 
 
 def record_templates(templates: str | Path, out_dir: str | Path) -> str:

@@ -28,3 +28,9 @@ class SymgradError(ValueError):
         # instead of trusting every raise site.
         super().__init__(" ".join(message.split()))
         self.caret = caret
+
+
+class SymgradWarning(UserWarning):
+    """Something generated that works, but not as well as it might: a given ``--domain`` on
+    which the values or gradients are large, for example. The ``symgrad`` command prints it as
+    one line, ``symgrad: warning: ...``, on stderr."""

@@ -22,9 +22,9 @@ def test_docstring_examples(module):
 
 def test_public_surface_is_documented_and_typed():
     assert sorted(symgrad.__all__) == sorted(
-        ["__version__", "SymgradError", "Spec", "build_spec", "generate_file", "generate_source"]
+        ["__version__", "SymgradError", "SymgradWarning", "Spec", "build_spec", "function", "generate_file", "generate_source"]
     )
-    for name in ("build_spec", "generate_file", "generate_source"):
+    for name in ("build_spec", "function", "generate_file", "generate_source"):
         function = getattr(symgrad, name)
         assert ">>> " in function.__doc__, name
         signature = inspect.signature(function)

@@ -163,6 +163,10 @@ ERROR_CASES = [
     (["x**2", "--name", "Sq", "--domain", "x=1"], "NAME=LOW:HIGH"),
     (["x**2", "--name", "Sq", "--domain", "x=3:1"], "LOW < HIGH"),
     (["x**2", "--name", "Sq", "--domain", "z=0:1"], "not an input or param"),
+    # A given interval must keep the function and its gradients real and finite; the
+    # intervals derived beside it, too.
+    (["log(x)", "--name", "Log", "--domain", "x=-1:20"], "not real and finite at x="),
+    (["exp(x) + log(y - 10)", "--name", "Mixed", "--domain", "x=-20:20"], "finite with the given --domain x=-20:20 for 'y'"),
     (["x**2", "--name", "Sq", "--grad", "x"], "NAME=EXPR"),
     (["x**2", "--name", "Sq", "--grad", "z=1"], "not a differentiable input"),
     (["x*y, x+y", "--name", "Sq", "--grad", "x=1"], "single elementwise output"),

@@ -9,12 +9,13 @@ import shlex
 import sys
 import traceback
 import types
+import warnings
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from ..api import generate_file, record_templates, source_for_spec
 from ..codegen.write import Refused, atomic_write, ensure_package, is_hand_edited, read_spec, read_text, write_status
-from ..errors import SymgradError
+from ..errors import SymgradError, SymgradWarning
 from ..frontend.grammar import FUNCTIONS
 from ..spec import SAVE_POLICIES, Spec, parse_domain_option, parse_grad_option, parse_name_list
 from ..version import __version__
@@ -129,6 +130,28 @@ def _skip_sympy_units_import() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    with warnings.catch_warnings():
+        _warnings_as_lines()
+        return _main(args)
+
+
+def _warnings_as_lines() -> None:
+    """Print each SymgradWarning as one line, ``symgrad: warning: ...``, on stderr, every
+    time, as it happens (in `symgrad build`, next to the function's own line); other
+    warnings are shown as Python shows them. The caller restores the warning state."""
+    shown_by_python = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, SymgradWarning):
+            print(f"symgrad: warning: {message}", file=sys.stderr)
+        else:
+            shown_by_python(message, category, filename, lineno, file, line)
+
+    warnings.simplefilter("always", SymgradWarning)
+    warnings.showwarning = show
+
+
+def _main(args: list[str]) -> int:
     debug = "--debug" in args
     try:
         if args[:1] == ["--list-functions"]:

@@ -2,5 +2,6 @@
 
 :mod:`~symgrad.codegen.printer` prints SymPy expressions as torch code and holds the
 helpers' sources; :mod:`~symgrad.codegen.render` fills a Jinja2 template from a plan and
-formats it with black; :mod:`~symgrad.codegen.write` composes the header and writes files.
+formats it with black; :mod:`~symgrad.codegen.write` composes the header and writes files;
+:mod:`~symgrad.codegen.load` executes a module's text in this process.
 """
