@@ -82,6 +82,7 @@ class _Planner:
         self.adjoints = [sympy.Symbol(g, real=True) for g in self.grads]
         self.result_symbols = [sympy.Symbol(r, real=True) for r in self.results]
         self.tangent_symbols = {s: sympy.Symbol(f"{s.name}_tangent", real=True) for s in self.inputs}
+        self.norm = match_norm_kernel(self.outputs[0], self.inputs, self.params) if len(self.outputs) == 1 else None
         for symbol in self.adjoints + self.result_symbols + list(self.tangent_symbols.values()):
             self.names[symbol] = symbol.name
 
@@ -102,6 +103,12 @@ class _Planner:
                     replacements[Softmax(*f.args)] = sympy.exp(self.result_symbols[i])
         vjps = tuple(v.xreplace(replacements) for v in raw)
         stats: dict[sympy.Expr, sympy.Symbol] = {}
+        if self.norm is not None:
+            # The kernel's row values stand for their formulas wherever the VJP has them.
+            for symbol, formula, pattern, replacement in reversed(self.norm.stats):  # (inner ones last)
+                vjps = tuple(_outside_counts(v, {pattern: replacement}) for v in vjps)
+            for symbol, formula, _, _ in self.norm.stats:  # (in the order the kernel returns them)
+                stats[formula] = symbol
         for v in vjps:
             for node in sympy.preorder_traversal(v):
                 if isinstance(node, Reduction) and node.free_symbols & set(self.inputs) and _in_forward(node, self.outputs):
@@ -109,9 +116,16 @@ class _Planner:
                         stats.setdefault(node, sympy.Symbol(f"row{len(stats)}", real=True))
         vjps = tuple(_outside_counts(v, stats) for v in vjps)
         used = set().union(*(v.free_symbols for v in vjps))
-        read_inputs = tuple(s for s in self.inputs + self.params if s in used or _counts(vjps, s))
+        if self.norm is not None and self.norm.backward is not None:
+            used |= set(self.norm.roles)  # (the backward kernel reads x, w and b)
+        for node, symbol in stats.items():
+            if symbol in used or self.norm is not None:
+                used |= node.free_symbols  # (recomputed from them under create_graph)
+        read_inputs = tuple(s for s in self.inputs + self.params if s in used)
         read_outputs = tuple(i for i, r in enumerate(self.result_symbols) if r in used)
-        kept_stats = tuple((symbol, node) for node, symbol in stats.items() if symbol in used)
+        kept_stats = tuple(
+            (symbol, node) for node, symbol in stats.items() if symbol in used or self.norm is not None
+        )
         return _Saving(vjps, read_inputs, read_outputs, kept_stats)
 
     def counted_by_inputs(self, expr: sympy.Expr) -> sympy.Expr:
@@ -187,6 +201,11 @@ class _Planner:
         return f"{text if atom else f'({text})'}.squeeze({print_dims(_tuple(dims))})"
 
     def forward(self, saving: _Saving) -> Method:
+        params = tuple(s.name for s in self.inputs + self.params)
+        if self.norm is not None:
+            names = [self.results[0], *(s.name for s, _ in saving.stats)]
+            call = Assign(", ".join(names), self.norm.forward)
+            return Method(params=params, body=(call,), values=tuple(names))
         exprs = list(self.outputs) + [node for _, node in saving.stats]
         statements, reduced = self.cse(exprs, "t")
         values = [self.squeezed(e, self.reduced[i]) if i < len(self.outputs) else self.print(e) for i, e in enumerate(reduced)]
@@ -326,8 +345,80 @@ class _Planner:
         return repr(data)
 
 
+@dataclass(frozen=True)
+class _NormKernel:
+    """torch's fused kernel for a whole normalisation output: its forward call, the row
+    values it returns (with their formulas, and the expression each stands for in the VJP)
+    and, where ATen has one on every device, its backward call."""
+
+    forward: str  # the call, returning (output, *stats)
+    stats: tuple[tuple[sympy.Symbol, sympy.Expr, sympy.Expr, sympy.Expr], ...]  # (symbol, formula, pattern, replacement)
+    backward: str | None  # returns one gradient per (x, w, b), in that order
+    roles: tuple[sympy.Symbol, ...]  # x, w[, b]
+
+
+def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _NormKernel | None:
+    """LayerNorm, ``(x - mean(x, -1))/sqrt(mean((x - mean(x, -1))**2, -1) + eps)*w + b``, and
+    RMSNorm, ``x/sqrt(mean(x**2, -1) + eps)*w``, over the last dim, with inputs x, w (and b)
+    and a param or number eps: torch's fused kernels (ATen's layer-norm backward too; its
+    RMSNorm backward has no CPU kernel, so that backward is the formula)."""
+    last = sympy.Tuple(sympy.Integer(-1))
+    weight, bias, eps = sympy.Wild("w"), sympy.Wild("b"), sympy.Wild("eps")
+    for x in inputs:
+        mean = ReduceMean(x, last)
+        variance = ReduceMean((x - mean) ** 2, last)
+        found = output.match((x - mean) / sympy.sqrt(variance + eps) * weight + bias)
+        if found and _roles_fit(found, x, inputs, params, bias=True):
+            w, b, e = found[weight], found[bias], found[eps]
+            rstd = sympy.Symbol("rstd", positive=True)
+            mean_symbol = sympy.Symbol("mean", real=True)
+            return _NormKernel(
+                forward=f"torch.ops.aten.native_layer_norm({x}, ({x}.shape[-1],), {w}, {b}, {e})",
+                stats=(
+                    (mean_symbol, mean, mean, mean_symbol),
+                    (rstd, 1 / sympy.sqrt(variance.xreplace({}) + e), variance + e, rstd**-2),
+                ),
+                backward=(
+                    f"torch.ops.aten.native_layer_norm_backward(grad_output, {x}, ({x}.shape[-1],), mean, rstd,"
+                    f" {w}, {b}, ctx.needs_input_grad[:3])"
+                ),
+                roles=(x, w, b),
+            )
+        square = ReduceMean(x**2, last)
+        found = output.match(x / sympy.sqrt(square + eps) * weight)
+        if found and _roles_fit(found, x, inputs, params, bias=False):
+            w, e = found[weight], found[eps]
+            rstd = sympy.Symbol("rstd", positive=True)
+            return _NormKernel(
+                forward=f"torch.ops.aten._fused_rms_norm({x}, ({x}.shape[-1],), {w}, {e})",
+                stats=((rstd, 1 / sympy.sqrt(square + e), square + e, rstd**-2),),
+                backward=None,
+                roles=(x, w),
+            )
+    return None
+
+
+def _roles_fit(found: dict, x: sympy.Symbol, inputs: tuple, params: tuple, bias: bool) -> bool:
+    """Whether a match is the kernel's: w (and b) other inputs, eps a param or a positive number."""
+    values = {w.name: v for w, v in found.items()}
+    others = [values["w"]] + ([values["b"]] if bias else [])
+    if any(v not in inputs or v == x for v in others) or len(set(others)) != len(others):
+        return False
+    if len(inputs) != 1 + len(others):
+        return False
+    eps = values["eps"]
+    return eps in params or (eps.is_number and eps.is_positive)
+
+
 def _kernel_backward(planner: _Planner, saving: _Saving):
-    """First-order backward by torch's own kernel, where the VJP is softmax's or log_softmax's."""
+    """First-order backward by torch's own kernel: softmax's, log_softmax's, layer norm's."""
+    norm = planner.norm
+    if norm is not None and norm.backward is not None:
+        # (its gradients come in (x, w, b) order; the params' are None)
+        gradients = {role: f"grad_{role.name}" for role in norm.roles}
+        call = Assign(", ".join(gradients[r] for r in norm.roles), norm.backward)
+        values = [gradients[x] for x in planner.inputs] + ["None"] * len(planner.params)
+        return (call, Return(tuple(values)))
     if len(planner.outputs) != 1 or len(planner.inputs) != 1 or saving.outputs != (0,):
         return None
     f = planner.outputs[0]
@@ -420,10 +511,6 @@ def _outside_counts(expr: sympy.Expr, replacements: dict) -> sympy.Expr:
 
 def _in_forward(node: sympy.Expr, outputs) -> bool:
     return any(node in set(sympy.preorder_traversal(f)) for f in outputs)
-
-
-def _counts(vjps, symbol) -> bool:
-    return False
 
 
 def _tuple(dims) -> sympy.Tuple:
