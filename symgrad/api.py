@@ -39,6 +39,7 @@ def build_spec(
     params: Iterable[str] | None = None,
     domain: Mapping[str, tuple[float, float]] | None = None,
     grads: Mapping[str, str] | None = None,
+    vjps: Mapping[str, str] | None = None,
     inplace: bool = False,
     save: str = "memory",
     fuse: bool = False,
@@ -72,6 +73,7 @@ def build_spec(
         params=tuple(params or ()),
         domain=tuple((str(k), float(lo), float(hi)) for k, (lo, hi) in sorted((domain or {}).items())),
         grads=tuple((str(k), str(v)) for k, v in sorted((grads or {}).items())),
+        vjps=tuple((str(k), str(v)) for k, v in sorted((vjps or {}).items())),
         inplace=bool(inplace),
         save=save,
         fuse=bool(fuse),
@@ -91,7 +93,7 @@ def source_for_spec(spec: Spec, base_dir: str | Path | None = None) -> str:
         _check_inplace(spec)
     try:
         parsed = parse_spec(spec)
-        if any(is_rowwise(out.expr) for out in parsed.outputs):
+        if parsed.vjps or any(is_rowwise(out.expr) for out in parsed.outputs):
             plan = make_rowwise_plan(parsed)
         else:
             plan = make_plan(derive(parsed))
@@ -149,13 +151,14 @@ def generate_source(
         name: the class name, e.g. ``"SqrtInverse"``.
         inputs: differentiable inputs in order (default: free symbols by name, minus params).
         params: non-differentiable values passed after the inputs.
-        **options: ``domain`` ({name: (low, high)}), ``grads`` ({input: expr}),
+        **options: ``domain`` ({name: (low, high)}), ``grads`` ({input: expr}), ``vjps``
+            ({input: expr with grad_output}),
             ``inplace``, ``save``, ``fuse``, ``fast``, ``templates``.
 
     Raises:
         SymgradError: for any bad input, with the message the CLI prints.
     """
-    known = {"domain", "grads", "inplace", "save", "fuse", "fast", "templates"}
+    known = {"domain", "grads", "vjps", "inplace", "save", "fuse", "fast", "templates"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise SymgradError(f"unknown option {unknown[0]!r}; expected one of {', '.join(sorted(known))}")

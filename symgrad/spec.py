@@ -37,6 +37,9 @@ class Spec:
         params: non-differentiable values (numbers or tensors) passed after the inputs.
         domain: ``(symbol, low, high)`` sampling intervals that override derived ones.
         grads: ``(input, expr)`` surrogate gradients replacing d(output)/d(input).
+        vjps: ``(input, expr)`` whole input gradients, written with ``grad_output`` (the
+            upstream gradient): a surrogate backward; the module's jvp raises, and double
+            backward differentiates the surrogate as written.
         inplace: generate a variant that overwrites its (single) input.
         save: ``"memory"`` saves as few bytes as possible; ``"speed"`` may save more.
         fuse: run forward and backward bodies through ``torch.compile``.
@@ -51,6 +54,7 @@ class Spec:
     params: tuple[str, ...] = ()
     domain: tuple[tuple[str, float, float], ...] = ()
     grads: tuple[tuple[str, str], ...] = ()
+    vjps: tuple[tuple[str, str], ...] = ()
     inplace: bool = False
     save: str = "memory"
     fuse: bool = False
@@ -95,6 +99,7 @@ class Spec:
                 params=tuple(data.get("params", ())),
                 domain=tuple((str(s), float(lo), float(hi)) for s, lo, hi in data.get("domain", ())),
                 grads=tuple((str(s), str(g)) for s, g in data.get("grads", ())),
+                vjps=tuple((str(s), str(g)) for s, g in data.get("vjps", ())),
                 inplace=data.get("inplace", False),
                 save=str(data.get("save", "memory")),
                 fuse=data.get("fuse", False),
@@ -126,11 +131,12 @@ def parse_domain_option(text: str) -> tuple[str, float, float]:
     return symbol.strip(), lo, hi
 
 
-def parse_grad_option(text: str) -> tuple[str, str]:
-    """Parse ``--grad x=EXPR`` into ``("x", "EXPR")``."""
+def parse_grad_option(text: str, option: str = "--grad") -> tuple[str, str]:
+    """Parse ``--grad x=EXPR`` (or ``--vjp x=EXPR``) into ``("x", "EXPR")``."""
     symbol, sep, expr = text.partition("=")
     if not sep or not symbol.strip() or not expr.strip():
-        raise SymgradError(f"--grad {text!r}: expected NAME=EXPR, e.g. x=1")
+        example = "x=clamp(grad_output, -1, 1)" if option == "--vjp" else "x=1"
+        raise SymgradError(f"{option} {text!r}: expected NAME=EXPR, e.g. {example}")
     return symbol.strip(), expr.strip()
 
 

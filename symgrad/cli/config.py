@@ -12,6 +12,7 @@
     params = ["alpha"]
     domain = { x = [0.1, 10] }         # like --domain x=0.1:10
     grad = { x = "1" }                 # like --grad x=1 (a surrogate gradient)
+    vjp = { x = "clamp(grad_output, -1, 1)" }  # like --vjp (a whole surrogate input gradient)
     # also: inputs = ["x", "y"], inplace = true, save = "speed", fuse = true, fast = true, out = "...", templates = "..."
 
 ``symgrad build`` turns each entry into the same :class:`~symgrad.spec.Spec` that the
@@ -40,7 +41,7 @@ else:  # pragma: no cover - Python 3.10 needs the tomli backport for `symgrad bu
         tomllib = None
 
 TABLE_KEYS = ("out", "templates", "fast", "functions")
-FUNCTION_KEYS = ("name", "expr", "inputs", "params", "domain", "grad", "inplace", "save", "fuse", "fast", "out", "templates")
+FUNCTION_KEYS = ("name", "expr", "inputs", "params", "domain", "grad", "vjp", "inplace", "save", "fuse", "fast", "out", "templates")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ def _target(entry: dict[str, Any], index: int, path: Path, base: Path, defaults:
         params=_names(entry, "params", where),
         domain=_domain(entry, where),
         grads=_grads(entry, where),
+        vjps=_grads(entry, where, "vjp"),
         inplace=_bool(entry, "inplace", where),
         save=_string(entry, "save", where) or "memory",
         fuse=_bool(entry, "fuse", where),
@@ -189,10 +191,10 @@ def _domain(entry: dict[str, Any], where: str) -> dict[str, tuple[float, float]]
     return domain
 
 
-def _grads(entry: dict[str, Any], where: str) -> dict[str, str]:
-    value = entry.get("grad", {})
+def _grads(entry: dict[str, Any], where: str, key: str = "grad") -> dict[str, str]:
+    value = entry.get(key, {})
     if not isinstance(value, dict) or not all(isinstance(g, str) and g.strip() for g in value.values()):
-        raise SymgradError(f"{where}: 'grad' must be a table of expressions, e.g. {{ x = \"1\" }}")
+        raise SymgradError(f"{where}: {key!r} must be a table of expressions, e.g. {{ x = \"1\" }}")
     return {name: expr.strip() for name, expr in value.items()}
 
 

@@ -49,6 +49,9 @@ def _generate_parser() -> argparse.ArgumentParser:
                         help="sampling interval for tests, e.g. x=0.1:10 (repeatable)")
     parser.add_argument("--grad", action="append", default=[], metavar="INPUT=EXPR",
                         help="surrogate gradient replacing d(output)/d(INPUT), e.g. x=1 (repeatable)")
+    parser.add_argument("--vjp", action="append", default=[], metavar="INPUT=EXPR",
+                        help="the whole gradient of INPUT, written with grad_output, e.g."
+                        " x='clamp(grad_output, -1, 1)' (a surrogate backward; repeatable)")
     parser.add_argument("--inplace", action="store_true", help="overwrite the first input (ctx.mark_dirty)")
     parser.add_argument("--save", choices=SAVE_POLICIES, default="memory",
                         help="memory (default): save the fewest bytes, recompute in backward; speed: forward"
@@ -214,6 +217,7 @@ def _generate(options: argparse.Namespace) -> int:
         params=parse_name_list(options.params, "--params") or (),
         domain=tuple(parse_domain_option(d) for d in options.domain),
         grads=tuple(parse_grad_option(g) for g in options.grad),
+        vjps=tuple(parse_grad_option(v, "--vjp") for v in options.vjp),
         inplace=options.inplace,
         save=options.save,
         fuse=options.fuse,

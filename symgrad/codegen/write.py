@@ -42,6 +42,8 @@ def command_for(spec: Spec) -> str:
         words += ["--domain", f"{name}={low!r}:{high!r}"]
     for name, expr in spec.grads:
         words += ["--grad", f"{name}={expr}"]
+    for name, expr in spec.vjps:
+        words += ["--vjp", f"{name}={expr}"]
     if spec.inplace:
         words.append("--inplace")
     if spec.save != "memory":

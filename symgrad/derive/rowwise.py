@@ -52,7 +52,7 @@ class _Shapes:
                 found = union(operand, frozenset(int(d) for d in expr.dims))
             else:
                 found = EVERY
-        elif isinstance(expr, Count) or not expr.free_symbols & self.inputs:
+        elif isinstance(expr, Count) or not expr.free_symbols & (self.inputs | self.known.keys()):
             found = EVERY  # numbers and params: they broadcast
         else:
             found = EVERY

@@ -126,6 +126,8 @@ class Parsed:
     inputs: tuple[sympy.Symbol, ...]
     params: tuple[sympy.Symbol, ...]
     surrogates: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
+    # --vjp: whole input gradients, in the upstream gradient GRAD_OUTPUT and the inputs and params
+    vjps: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
 
 
 def parse_spec(spec: Spec) -> Parsed:
@@ -142,8 +144,8 @@ def parse_spec(spec: Spec) -> Parsed:
         # A param may appear in a surrogate gradient alone: --grad "x=-lam" with the output x
         # is the scaled gradient reversal of domain-adversarial training. (Only then are the
         # surrogates parsed here too; _parse_surrogates parses and checks them.)
-        for name, text in spec.grads or ():
-            for symbol in parse_elementwise(text, f"--grad {name}").free_symbols:
+        for name, text, option in [(n, t, "--grad") for n, t in spec.grads] + [(n, t, "--vjp") for n, t in spec.vjps]:
+            for symbol in parse_elementwise(text, f"{option} {name}").free_symbols:
                 if symbol.name in spec.params:  # (an input must be in the expression)
                     by_name.setdefault(symbol.name, symbol)
     symbols = sorted({s for out in outputs for s in out.expr.free_symbols}, key=lambda s: s.name)
@@ -174,7 +176,43 @@ def parse_spec(spec: Spec) -> Parsed:
             where = f"output {index + 1}" if len(outputs) > 1 else "the expression"
             raise SymgradError(f"{where} does not depend on any input ({out.expr}), so it has no gradient")
     surrogates = _parse_surrogates(spec, outputs, inputs, params)
-    return Parsed(spec=spec, outputs=outputs, inputs=inputs, params=params, surrogates=surrogates)
+    vjps = _parse_vjps(spec, outputs, inputs, params)
+    return Parsed(spec=spec, outputs=outputs, inputs=inputs, params=params, surrogates=surrogates, vjps=vjps)
+
+
+# The upstream gradient's symbol in a --vjp expression.
+GRAD_OUTPUT = sympy.Symbol("grad_output", real=True)
+
+
+def _parse_vjps(spec: Spec, outputs, inputs, params) -> tuple[tuple[sympy.Symbol, sympy.Expr], ...]:
+    """--vjp INPUT=EXPR: INPUT's whole gradient, written with ``grad_output``."""
+    if not spec.vjps:
+        return ()
+    if len(outputs) != 1:
+        raise SymgradError("--vjp needs a single output (its expression names the upstream gradient grad_output)")
+    for option, on in (("--fuse", spec.fuse), ("--inplace", spec.inplace), ("--save speed", spec.save == "speed")):
+        if on:
+            raise SymgradError(f"--vjp cannot be combined with {option}")
+    by_name = {s.name: s for s in inputs + params}
+    grads = {name for name, _ in spec.grads}
+    found = []
+    for name, text in spec.vjps:
+        if name not in by_name or by_name[name] not in inputs:
+            raise SymgradError(f"--vjp {name}=...: {name!r} is not a differentiable input")
+        if name in grads:
+            raise SymgradError(f"--vjp {name}=... and --grad {name}=... both replace {name}'s gradient: give one")
+        if [n for n, _ in spec.vjps].count(name) > 1:
+            raise SymgradError(f"--vjp {name}=... is given twice")
+        outputs_of_text = parse_outputs(text)
+        if len(outputs_of_text) != 1 or outputs_of_text[0].reduction is not None:
+            raise SymgradError(f"--vjp {name} must be a single expression, got {text!r}")
+        expr = outputs_of_text[0].expr
+        stray = sorted(s.name for s in expr.free_symbols if s.name not in by_name and s.name != GRAD_OUTPUT.name)
+        if stray:
+            raise SymgradError(f"--vjp {name}=...: {stray[0]!r} is not an input, a param or grad_output")
+        expr = expr.xreplace({s: by_name.get(s.name, GRAD_OUTPUT) for s in expr.free_symbols})
+        found.append((by_name[name], expr))
+    return tuple(found)
 
 
 def parse_outputs(text: str) -> tuple[Output, ...]:

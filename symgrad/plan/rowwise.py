@@ -90,6 +90,8 @@ class _Planner:
 
     def saving(self) -> _Saving:
         raw = tuple(self.counted_by_inputs(v) for v in vjp(list(self.outputs), self.adjoints, self.inputs))
+        given = dict(self.p.vjps)  # --vjp: the user's whole gradients (grad_output is the adjoint)
+        raw = tuple(given.get(x, v) for x, v in zip(self.inputs, raw))
         options = [self._with_stats(raw, outputs=False), self._with_stats(raw, outputs=True)]
         return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
 
@@ -171,7 +173,7 @@ class _Planner:
             metadata=self.metadata(saving),
             inplace=False,
             refuses_double_backward=False,
-            surrogate=False,
+            surrogate=bool(self.p.vjps),
         ))
 
     def print(self, expr: sympy.Expr) -> str:
@@ -209,6 +211,11 @@ class _Planner:
         exprs = list(self.outputs) + [node for _, node in saving.stats]
         statements, reduced = self.cse(exprs, "t")
         values = [self.squeezed(e, self.reduced[i]) if i < len(self.outputs) else self.print(e) for i, e in enumerate(reduced)]
+        for i, e in enumerate(reduced):
+            if e in self.inputs or e in reduced[:i]:
+                # Never return an input, or one tensor twice: forward-mode AD and
+                # torch.compile need every output to be a tensor of its own.
+                values[i] = f"{values[i]}.clone()"
         return Method(params=tuple(s.name for s in self.inputs + self.params), body=tuple(statements), values=tuple(values))
 
     def setup_context(self, saving: _Saving) -> Method:
@@ -308,6 +315,10 @@ class _Planner:
         )
 
     def jvp(self) -> tuple[Method, tuple[str, ...]]:
+        if self.p.vjps:
+            params = ("ctx", *(self.tangent_symbols[s].name for s in self.inputs), *(f"_{s.name}_tangent" for s in self.params))
+            refusal = Line(f"raise RuntimeError({_SURROGATE_REFUSAL.format(what='forward-mode AD (jvp)')!r})")
+            return Method(params=params, body=(refusal,), values=("None",)), ()
         tangents = [self.counted_by_inputs(t) for t in jvp(list(self.outputs), self.tangent_symbols, self.inputs)]
         statements, reduced = self.cse(list(tangents), "u")
         values = [self.squeezed(e, self.reduced[i]) for i, e in enumerate(reduced)]
@@ -330,8 +341,9 @@ class _Planner:
         lines = []
         for i, f in enumerate(self.outputs):
             lines.append(f"f{i if len(self.outputs) > 1 else ''}({', '.join(s.name for s in self.inputs)}) = {f}")
+        given = dict(self.p.vjps)
         for x, v in zip(self.inputs, saving.vjps):
-            lines.append(f"grad_{x.name} = {v}")
+            lines.append(f"grad_{x.name} = {v}" + ("   (surrogate, --vjp)" if x in given else ""))
         return "\n".join(lines)
 
     def saved_comment(self, saving: _Saving) -> tuple[str, ...]:
@@ -408,6 +420,11 @@ def _roles_fit(found: dict, x: sympy.Symbol, inputs: tuple, params: tuple, bias:
         return False
     eps = values["eps"]
     return eps in params or (eps.is_number and eps.is_positive)
+
+
+_SURROGATE_REFUSAL = (
+    "{what} is not defined for this Function: its backward is a --vjp surrogate, not a derivative"
+)
 
 
 def _kernel_backward(planner: _Planner, saving: _Saving):
