@@ -17,7 +17,12 @@ MAX_LINES = 1000
 # The layers, lowest first: a module may import from its own layer and the ones below it.
 # math sits below the frontend because the grammar builds expressions from math's functions.
 LAYERS = (
-    ("base", ("symgrad.errors", "symgrad.spec", "symgrad.naming", "symgrad.version", "symgrad.runtime")),
+    # codegen.syntax: the expression trees that the printer, math's generated families and
+    # the plan build; it imports nothing of symgrad.
+    (
+        "base",
+        ("symgrad.errors", "symgrad.spec", "symgrad.naming", "symgrad.version", "symgrad.runtime", "symgrad.codegen.syntax"),
+    ),
     ("math", ("symgrad.math",)),
     ("frontend", ("symgrad.frontend",)),
     ("rewrite", ("symgrad.rewrite",)),

@@ -1,0 +1,315 @@
+"""Python expressions as syntax trees: what the printer builds, and what the plan's passes read.
+
+A tree is made of the standard :mod:`ast` expression nodes, plus one marker,
+:class:`Parenthesized`, for parentheses the code shows on purpose (an operand kept whole,
+``0.5 * (torch.sign(x) + 1)``, or a chain the buffer-reuse rewrite wrote). Passes decide on
+trees, never on printed text:
+
+- :func:`source` prints a tree: a :class:`Parenthesized` node with its parentheses, any other
+  node with parentheses only where Python's precedence needs them;
+- :func:`plain` gives the tree without markers, exactly what :func:`ast.parse` of its source
+  gives (so a negative number literal becomes a negation of a positive one). Counting
+  operations and the buffer reuse run on it.
+
+The builders below (:func:`name`, :func:`number`, :func:`call`, ...) keep the plan's code
+short to write and to read.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import math
+from typing import Union
+
+__all__ = [
+    "Parenthesized",
+    "Code",
+    "attribute",
+    "binop",
+    "call",
+    "compare",
+    "dotted",
+    "is_negative_number",
+    "keyword",
+    "method",
+    "name",
+    "negate",
+    "number",
+    "parens",
+    "plain",
+    "source",
+    "starred",
+    "string",
+    "tuple_of",
+    "unary",
+    "where",
+]
+
+
+class Parenthesized(ast.expr):
+    """Parentheses printed around ``value`` even where Python's precedence does not need them."""
+
+    _fields = ("value",)
+
+
+Code = ast.expr
+Operand = Union[ast.expr, str, int, float]
+
+_BINARY = {
+    "+": ast.Add,
+    "-": ast.Sub,
+    "*": ast.Mult,
+    "/": ast.Div,
+    "//": ast.FloorDiv,
+    "%": ast.Mod,
+    "**": ast.Pow,
+    "&": ast.BitAnd,
+    "|": ast.BitOr,
+    "^": ast.BitXor,
+    "@": ast.MatMult,
+}
+_UNARY = {"-": ast.USub, "+": ast.UAdd, "~": ast.Invert, "not": ast.Not}
+_COMPARE = {
+    "==": ast.Eq,
+    "!=": ast.NotEq,
+    "<": ast.Lt,
+    "<=": ast.LtE,
+    ">": ast.Gt,
+    ">=": ast.GtE,
+    "is": ast.Is,
+    "is not": ast.IsNot,
+}
+_SYMBOL = {kind: symbol for table in (_BINARY, _UNARY, _COMPARE) for symbol, kind in table.items()}
+
+# Python's precedence levels, lowest first (as in the grammar; ast's unparser has the same).
+_TUPLE, _TEST, _OR, _AND, _NOT, _CMP, _BOR, _BXOR, _BAND, _SHIFT, _ARITH, _TERM, _FACTOR, _POWER, _ATOM = range(1, 16)
+_BINARY_LEVEL = {
+    ast.BitOr: _BOR,
+    ast.BitXor: _BXOR,
+    ast.BitAnd: _BAND,
+    ast.LShift: _SHIFT,
+    ast.RShift: _SHIFT,
+    ast.Add: _ARITH,
+    ast.Sub: _ARITH,
+    ast.Mult: _TERM,
+    ast.Div: _TERM,
+    ast.FloorDiv: _TERM,
+    ast.Mod: _TERM,
+    ast.MatMult: _TERM,
+    ast.Pow: _POWER,
+}
+
+
+# -- builders ---------------------------------------------------------------------------
+
+
+def _expr(value: Operand) -> ast.expr:
+    """A builder's operand: a tree as it is, a string as a (dotted) name, a number as a literal."""
+    if isinstance(value, ast.expr):
+        return value
+    if isinstance(value, str):
+        return dotted(value)
+    return number(value)
+
+
+def name(identifier: str) -> ast.Name:
+    return ast.Name(identifier, ast.Load())
+
+
+def dotted(path: str) -> ast.expr:
+    """``torch.special.erf`` as a name and its attributes."""
+    first, *rest = path.split(".")
+    node: ast.expr = name(first)
+    for part in rest:
+        node = ast.Attribute(node, part, ast.Load())
+    return node
+
+
+def attribute(value: Operand, attr: str) -> ast.Attribute:
+    return ast.Attribute(_expr(value), attr, ast.Load())
+
+
+def number(value: int | float) -> ast.Constant:
+    """A number literal; a negative one prints with its sign (see :func:`plain`)."""
+    return ast.Constant(value)
+
+
+def string(text: str) -> ast.Constant:
+    return ast.Constant(text)
+
+
+def keyword(arg: str | None, value: Operand) -> ast.keyword:
+    return ast.keyword(arg, _expr(value))
+
+
+def call(function: Operand, *args: Operand, **keywords: Operand) -> ast.Call:
+    """``function(*args, **keywords)``; ``function`` a tree or a dotted name."""
+    return ast.Call(_expr(function), [_expr(a) for a in args], [keyword(k, v) for k, v in keywords.items()])
+
+
+def method(receiver: Operand, method_name: str, *args: Operand, **keywords: Operand) -> ast.Call:
+    """``receiver.method_name(*args, **keywords)``."""
+    return call(attribute(receiver, method_name), *args, **keywords)
+
+
+def binop(left: Operand, op: str, right: Operand) -> ast.BinOp:
+    return ast.BinOp(_expr(left), _BINARY[op](), _expr(right))
+
+
+def unary(op: str, operand: Operand) -> ast.UnaryOp:
+    return ast.UnaryOp(_UNARY[op](), _expr(operand))
+
+
+def compare(left: Operand, op: str, right: Operand) -> ast.Compare:
+    return ast.Compare(_expr(left), [_COMPARE[op]()], [_expr(right)])
+
+
+def where(condition: Operand, then: Operand, otherwise: Operand) -> ast.Call:
+    return call("torch.where", condition, then, otherwise)
+
+
+def parens(node: Operand) -> Parenthesized:
+    return Parenthesized(_expr(node))
+
+
+def tuple_of(*elements: Operand) -> ast.Tuple:
+    return ast.Tuple([_expr(e) for e in elements], ast.Load())
+
+
+def starred(value: Operand) -> ast.Starred:
+    return ast.Starred(_expr(value), ast.Load())
+
+
+def is_negative_number(node: ast.AST) -> bool:
+    """Whether ``node`` is a number literal that prints with a minus sign (``-0.5``, ``-0.0``)."""
+    if not isinstance(node, ast.Constant) or isinstance(node.value, bool):
+        return False
+    value = node.value
+    return isinstance(value, (int, float)) and (value < 0 or (value == 0 and math.copysign(1.0, value) < 0))
+
+
+def negate(node: ast.expr) -> ast.expr:
+    """The tree of ``"-" + source(node)``: the minus binds to ``node``'s leftmost operand at
+    its precedence (``-`` before ``a * b`` negates ``a``; before ``x ** 2``, the power)."""
+    if isinstance(node, ast.BinOp) and _BINARY_LEVEL[type(node.op)] < _FACTOR:
+        return ast.BinOp(negate(node.left), node.op, node.right)
+    if isinstance(node, ast.Compare):
+        return ast.Compare(negate(node.left), node.ops, node.comparators)
+    return unary("-", node)
+
+
+# -- printing ---------------------------------------------------------------------------
+
+
+def source(node: ast.AST) -> str:
+    """``node`` as Python source: :class:`Parenthesized` nodes with their parentheses, any
+    other node with parentheses only where precedence needs them. A tuple at the top prints
+    without parentheses, as a return statement writes it."""
+    if isinstance(node, ast.Tuple) and node.elts:
+        return _tuple_text(node)
+    return _text(node, _TEST)
+
+
+def _level(node: ast.AST) -> int:
+    if isinstance(node, ast.BinOp):
+        return _BINARY_LEVEL[type(node.op)]
+    if isinstance(node, ast.UnaryOp):
+        return _NOT if isinstance(node.op, ast.Not) else _FACTOR
+    if isinstance(node, ast.Compare):
+        return _CMP
+    if isinstance(node, ast.BoolOp):
+        return _AND if isinstance(node.op, ast.And) else _OR
+    if isinstance(node, ast.IfExp):
+        return _TEST
+    if isinstance(node, ast.Tuple):
+        return _TUPLE if node.elts else _ATOM
+    if is_negative_number(node):
+        return _FACTOR
+    return _ATOM
+
+
+def _text(node: ast.AST, needed: int) -> str:
+    """``node``'s source where its context needs at least precedence ``needed``."""
+    text = _bare(node)
+    return f"({text})" if _level(node) < needed else text
+
+
+def _tuple_text(node: ast.Tuple) -> str:
+    items = [_text(e, _TEST) for e in node.elts]
+    return items[0] + "," if len(items) == 1 else ", ".join(items)
+
+
+def _bare(node: ast.AST) -> str:
+    if isinstance(node, Parenthesized):
+        return f"({_text(node.value, _TUPLE)})"
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, str):
+            return '"' + node.value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return repr(node.value)
+    if isinstance(node, ast.Attribute):
+        return f"{_text(node.value, _ATOM)}.{node.attr}"
+    if isinstance(node, ast.Call):
+        args = [_text(a, _TEST) for a in node.args]
+        args += [f"{k.arg}={_text(k.value, _TEST)}" if k.arg else f"**{_text(k.value, _ATOM)}" for k in node.keywords]
+        return f"{_text(node.func, _ATOM)}({', '.join(args)})"
+    if isinstance(node, ast.Starred):
+        return "*" + _text(node.value, _BOR)
+    if isinstance(node, ast.Subscript):
+        index = node.slice
+        inside = _tuple_text(index) if isinstance(index, ast.Tuple) and index.elts else _bare_slice(index)
+        return f"{_text(node.value, _ATOM)}[{inside}]"
+    if isinstance(node, ast.BinOp):
+        level = _BINARY_LEVEL[type(node.op)]
+        if isinstance(node.op, ast.Pow):  # right-associative; its right side may be a negation
+            left, right = _text(node.left, _POWER + 1), _text(node.right, _FACTOR)
+        else:
+            left, right = _text(node.left, level), _text(node.right, level + 1)
+        return f"{left} {_SYMBOL[type(node.op)]} {right}"
+    if isinstance(node, ast.UnaryOp):
+        if isinstance(node.op, ast.Not):
+            return f"not {_text(node.operand, _NOT)}"
+        return _SYMBOL[type(node.op)] + _text(node.operand, _FACTOR)
+    if isinstance(node, ast.Compare):
+        parts = [_text(node.left, _CMP + 1)]
+        for op, right in zip(node.ops, node.comparators):
+            parts += [_SYMBOL[type(op)], _text(right, _CMP + 1)]
+        return " ".join(parts)
+    if isinstance(node, ast.BoolOp):
+        level = _level(node)
+        word = " and " if isinstance(node.op, ast.And) else " or "
+        return word.join(_text(v, level + 1) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return f"{_text(node.body, _TEST + 1)} if {_text(node.test, _TEST + 1)} else {_text(node.orelse, _TEST)}"
+    if isinstance(node, ast.Tuple):
+        return _tuple_text(node) if node.elts else "()"  # (_text parenthesises it by its level)
+    raise TypeError(f"syntax.source cannot print {type(node).__name__}")
+
+
+def _bare_slice(node: ast.AST) -> str:
+    if isinstance(node, ast.Slice):
+        lower = _text(node.lower, _TEST) if node.lower else ""
+        upper = _text(node.upper, _TEST) if node.upper else ""
+        return f"{lower}:{upper}" + (f":{_text(node.step, _TEST)}" if node.step else "")
+    return _text(node, _TEST)
+
+
+# -- the tree the parser would give -----------------------------------------------------
+
+
+class _Plain(ast.NodeTransformer):
+    def visit_Parenthesized(self, node: Parenthesized) -> ast.AST:  # noqa: N802 (ast's naming)
+        return self.visit(node.value)
+
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:  # noqa: N802
+        if is_negative_number(node):
+            return ast.UnaryOp(ast.USub(), ast.Constant(-node.value))
+        return node
+
+
+def plain(node: ast.AST) -> ast.AST:
+    """A copy of ``node`` without markers: what ``ast.parse(source(node))`` gives (a negative
+    number literal as the negation of a positive one)."""
+    return _Plain().visit(copy.deepcopy(node))
