@@ -44,6 +44,7 @@ __all__ = [
     "tuple_of",
     "unary",
     "where",
+    "without_leading_minus",
 ]
 
 
@@ -192,11 +193,36 @@ def is_negative_number(node: ast.AST) -> bool:
 def negate(node: ast.expr) -> ast.expr:
     """The tree of ``"-" + source(node)``: the minus binds to ``node``'s leftmost operand at
     its precedence (``-`` before ``a * b`` negates ``a``; before ``x ** 2``, the power)."""
-    if isinstance(node, ast.BinOp) and _BINARY_LEVEL[type(node.op)] < _FACTOR:
+    if isinstance(node, ast.BinOp) and _BINARY_LEVEL[type(node.op)] < _FACTOR and _shows_left(node):
         return ast.BinOp(negate(node.left), node.op, node.right)
-    if isinstance(node, ast.Compare):
+    if isinstance(node, ast.Compare) and _shows_left(node):
         return ast.Compare(negate(node.left), node.ops, node.comparators)
     return unary("-", node)
+
+
+def without_leading_minus(node: ast.expr) -> ast.expr | None:
+    """The tree of ``source(node)[1:]`` where ``source(node)`` starts with a minus; else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return node.operand
+    if is_negative_number(node):
+        return number(-node.value)
+    if isinstance(node, (ast.BinOp, ast.Compare)) and _shows_left(node):
+        left = without_leading_minus(node.left)
+        if left is None:
+            return None
+        if isinstance(node, ast.BinOp):
+            return ast.BinOp(left, node.op, node.right)
+        return ast.Compare(left, node.ops, node.comparators)
+    return None
+
+
+def _shows_left(node: ast.BinOp | ast.Compare) -> bool:
+    """Whether ``source(node)`` starts with its left operand's source (not a parenthesis)."""
+    if isinstance(node, ast.Compare):
+        return _level(node.left) >= _CMP + 1
+    if isinstance(node.op, ast.Pow):
+        return _level(node.left) >= _POWER + 1
+    return _level(node.left) >= _BINARY_LEVEL[type(node.op)]
 
 
 # -- printing ---------------------------------------------------------------------------
