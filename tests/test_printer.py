@@ -15,6 +15,7 @@ import re
 import pytest
 import sympy
 import torch
+from code_text import reuse_buffers
 
 from symgrad.errors import SymgradError
 from symgrad.codegen import syntax
@@ -22,7 +23,6 @@ from symgrad.codegen.printer import HELPERS, PRINTERS, TorchPrinter, print_torch
 from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
 from symgrad.math import functions as sf
 from symgrad.math import series as taylor
-from symgrad.plan.inplace import reuse_buffers
 from symgrad.rewrite.engine import stabilize
 
 X, Y = sympy.symbols("x y", real=True)

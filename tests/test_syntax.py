@@ -17,6 +17,8 @@ CASES = [
     (s.binop(s.binop(X, "*", Y), "*", T), "x * y * t"),
     (s.binop(X, "-", s.binop(Y, "-", T)), "x - (y - t)"),
     (s.binop(X, "**", s.number(-2.0)), "x ** -2.0"),
+    (s.binop(X, "**", s.unary("-", s.number(2.0))), "x ** -2.0"),
+    (s.binop(X, "**", s.unary("-", Y)), "x ** (-y)"),
     (s.binop(s.number(-2.0), "**", X), "(-2.0) ** x"),
     (s.binop(s.binop(X, "**", Y), "**", T), "(x ** y) ** t"),
     (s.binop(X, "**", s.binop(Y, "**", T)), "x ** y ** t"),
@@ -71,3 +73,35 @@ def test_plain_leaves_the_tree_alone():
     tree = s.parens(s.binop(s.number(-1.5), "*", X))
     s.plain(tree)
     assert s.source(tree) == "(-1.5 * x)"
+
+
+def test_a_generator_as_the_only_argument_keeps_one_pair_of_parentheses():
+    tree = s.first_present("t", s.tuple_of("a", "b"))
+    assert s.source(tree) == "next(t for t in (a, b) if t is not None)"
+    assert ast.dump(s.plain(tree)) == ast.dump(ast.parse(s.source(tree), mode="eval").body)
+
+
+def test_plain_shares_no_node():
+    shared = s.binop(X, "+", 1)
+    plain = s.plain(s.binop(shared, "*", shared))
+    assert plain.left is not plain.right
+
+
+@pytest.mark.parametrize(
+    "left, op, right",
+    [
+        ("g", "*", s.binop(s.binop(3, "*", X), "*", Y)),
+        ("g", "*", s.binop(X, "/", Y)),
+        ("g", "*", s.binop(s.unary("-", X), "*", Y)),
+        ("g", "*", s.binop(X, "**", 2)),
+        ("g", "*", s.parens(s.binop(X, "+", Y))),
+        (s.binop(X, "+", Y), "*", T),
+        (s.binop(X, "-", Y), "+", s.binop(T, "-", X)),
+        ("g", "*", s.number(-0.5)),
+    ],
+)
+def test_joined_is_the_text_joined(left, op, right):
+    text = f"{s.source(s._expr(left))} {op} {s.source(s._expr(right))}"
+    tree = s.joined(left, op, right)
+    assert s.source(tree) == text
+    assert ast.dump(s.plain(tree)) == ast.dump(ast.parse(text, mode="eval").body)

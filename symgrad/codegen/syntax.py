@@ -18,7 +18,6 @@ short to write and to read.
 from __future__ import annotations
 
 import ast
-import copy
 import math
 from typing import Union
 
@@ -30,7 +29,13 @@ __all__ = [
     "call",
     "compare",
     "dotted",
+    "first_present",
+    "generator",
+    "if_else",
+    "NONE",
+    "subscript",
     "is_negative_number",
+    "joined",
     "keyword",
     "method",
     "name",
@@ -55,7 +60,7 @@ class Parenthesized(ast.expr):
 
 
 Code = ast.expr
-Operand = Union[ast.expr, str, int, float]
+Operand = Union[ast.expr, str, int, float, None]
 
 _BINARY = {
     "+": ast.Add,
@@ -106,12 +111,13 @@ _BINARY_LEVEL = {
 
 
 def _expr(value: Operand) -> ast.expr:
-    """A builder's operand: a tree as it is, a string as a (dotted) name, a number as a literal."""
+    """A builder's operand: a tree as it is, a string as a (dotted) name, a number (or None)
+    as a literal."""
     if isinstance(value, ast.expr):
         return value
     if isinstance(value, str):
         return dotted(value)
-    return number(value)
+    return ast.Constant(value)
 
 
 def name(identifier: str) -> ast.Name:
@@ -138,6 +144,31 @@ def number(value: int | float) -> ast.Constant:
 
 def string(text: str) -> ast.Constant:
     return ast.Constant(text)
+
+
+NONE = ast.Constant(None)
+
+
+def subscript(value: Operand, index: Operand) -> ast.Subscript:
+    """``value[index]``."""
+    return ast.Subscript(_expr(value), _expr(index), ast.Load())
+
+
+def if_else(test: Operand, body: Operand, orelse: Operand) -> ast.IfExp:
+    """``body if test else orelse``."""
+    return ast.IfExp(_expr(test), _expr(body), _expr(orelse))
+
+
+def generator(element: Operand, variable: str, iterable: Operand, condition: Operand | None = None) -> ast.GeneratorExp:
+    """``(element for variable in iterable if condition)``."""
+    ifs = [] if condition is None else [_expr(condition)]
+    loop = ast.comprehension(ast.Name(variable, ast.Store()), _expr(iterable), ifs, 0)
+    return ast.GeneratorExp(_expr(element), [loop])
+
+
+def first_present(variable: str, values: Operand) -> ast.Call:
+    """``next(variable for variable in values if variable is not None)``."""
+    return call("next", generator(variable, variable, values, compare(variable, "is not", None)))
 
 
 def keyword(arg: str | None, value: Operand) -> ast.keyword:
@@ -180,6 +211,20 @@ def tuple_of(*elements: Operand) -> ast.Tuple:
 
 def starred(value: Operand) -> ast.Starred:
     return ast.Starred(_expr(value), ast.Load())
+
+
+def joined(left: Operand, op: str, right: Operand) -> ast.expr:
+    """The tree Python's parser gives ``source(left) + f" {op} " + source(right)``: where
+    ``right`` prints without parentheses at this precedence or below, ``left`` joins its
+    leftmost operand (``g * 3 * x ** 2`` is ``(g * 3) * x ** 2``), and likewise on the left
+    side. Code written as ``grad * factor`` reads so, and multiplies in that order."""
+    left, right = _expr(left), _expr(right)
+    level = _BINARY_LEVEL[_BINARY[op]]
+    if op != "**" and isinstance(right, ast.BinOp) and _BINARY_LEVEL[type(right.op)] <= level and _shows_left(right):
+        return ast.BinOp(joined(left, op, right.left), right.op, right.right)
+    if isinstance(left, ast.BinOp) and _BINARY_LEVEL[type(left.op)] < level:
+        return ast.BinOp(left.left, left.op, joined(left.right, op, right))
+    return binop(left, op, right)
 
 
 def is_negative_number(node: ast.AST) -> bool:
@@ -278,6 +323,8 @@ def _bare(node: ast.AST) -> str:
     if isinstance(node, ast.Attribute):
         return f"{_text(node.value, _ATOM)}.{node.attr}"
     if isinstance(node, ast.Call):
+        if len(node.args) == 1 and not node.keywords and isinstance(node.args[0], ast.GeneratorExp):
+            return f"{_text(node.func, _ATOM)}({_generator(node.args[0])})"  # (its own parentheses)
         args = [_text(a, _TEST) for a in node.args]
         args += [f"{k.arg}={_text(k.value, _TEST)}" if k.arg else f"**{_text(k.value, _ATOM)}" for k in node.keywords]
         return f"{_text(node.func, _ATOM)}({', '.join(args)})"
@@ -289,8 +336,11 @@ def _bare(node: ast.AST) -> str:
         return f"{_text(node.value, _ATOM)}[{inside}]"
     if isinstance(node, ast.BinOp):
         level = _BINARY_LEVEL[type(node.op)]
-        if isinstance(node.op, ast.Pow):  # right-associative; its right side may be a negation
-            left, right = _text(node.left, _POWER + 1), _text(node.right, _FACTOR)
+        if isinstance(node.op, ast.Pow):
+            # Right-associative. A negative number exponent prints bare, x ** -2.0 (as the
+            # printer and black write it); any other negation in parentheses, x ** (-y).
+            left = _text(node.left, _POWER + 1)
+            right = _text(node.right, _FACTOR if _is_number_negation(node.right) else _POWER)
         else:
             left, right = _text(node.left, level), _text(node.right, level + 1)
         return f"{left} {_SYMBOL[type(node.op)]} {right}"
@@ -311,7 +361,25 @@ def _bare(node: ast.AST) -> str:
         return f"{_text(node.body, _TEST + 1)} if {_text(node.test, _TEST + 1)} else {_text(node.orelse, _TEST)}"
     if isinstance(node, ast.Tuple):
         return _tuple_text(node) if node.elts else "()"  # (_text parenthesises it by its level)
+    if isinstance(node, ast.GeneratorExp):
+        return f"({_generator(node)})"
     raise TypeError(f"syntax.source cannot print {type(node).__name__}")
+
+
+def _is_number_negation(node: ast.AST) -> bool:
+    """A negative number literal, or the negation of a number literal."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+        return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+    return is_negative_number(node)
+
+
+def _generator(node: ast.GeneratorExp) -> str:
+    parts = [_text(node.elt, _TEST)]
+    for loop in node.generators:
+        parts.append(f"for {_text(loop.target, _TUPLE)} in {_text(loop.iter, _TEST + 1)}")
+        parts += [f"if {_text(test, _TEST + 1)}" for test in loop.ifs]
+    return " ".join(parts)
 
 
 def _bare_slice(node: ast.AST) -> str:
@@ -325,17 +393,19 @@ def _bare_slice(node: ast.AST) -> str:
 # -- the tree the parser would give -----------------------------------------------------
 
 
-class _Plain(ast.NodeTransformer):
-    def visit_Parenthesized(self, node: Parenthesized) -> ast.AST:  # noqa: N802 (ast's naming)
-        return self.visit(node.value)
-
-    def visit_Constant(self, node: ast.Constant) -> ast.AST:  # noqa: N802
-        if is_negative_number(node):
-            return ast.UnaryOp(ast.USub(), ast.Constant(-node.value))
-        return node
-
-
 def plain(node: ast.AST) -> ast.AST:
-    """A copy of ``node`` without markers: what ``ast.parse(source(node))`` gives (a negative
-    number literal as the negation of a positive one)."""
-    return _Plain().visit(copy.deepcopy(node))
+    """``node`` without markers: what ``ast.parse(source(node))`` gives (a negative number
+    literal as the negation of a positive one). A new tree, every node its own (a builder
+    may use one subtree twice; the parser never does, and the passes change nodes in place)."""
+    if isinstance(node, Parenthesized):
+        return plain(node.value)
+    if is_negative_number(node):
+        return ast.UnaryOp(ast.USub(), ast.Constant(-node.value))
+    fresh = type(node)()
+    for field, value in ast.iter_fields(node):
+        if isinstance(value, ast.AST):
+            value = plain(value)
+        elif isinstance(value, list):
+            value = [plain(item) if isinstance(item, ast.AST) else item for item in value]
+        setattr(fresh, field, value)
+    return fresh
