@@ -105,3 +105,8 @@ def test_joined_is_the_text_joined(left, op, right):
     tree = s.joined(left, op, right)
     assert s.source(tree) == text
     assert ast.dump(s.plain(tree)) == ast.dump(ast.parse(text, mode="eval").body)
+
+
+def test_dotted_name_reads_names_and_attributes_only():
+    assert s.dotted_name(s.dotted("torch.special.erf")) == "torch.special.erf"
+    assert s.dotted_name(s.attribute(s.binop(X, "*", Y), "sum")) is None

@@ -592,9 +592,9 @@ def _number_tensor(anchor: Code, value: Code) -> Code:
 
 
 def _plain_number(literal: Code) -> bool:
-    """Whether a number literal has no sign or exponent (``0.5``, ``3``, not ``-0.5`` or
-    ``1e-05``): an operand as it is."""
-    return syntax.source(literal).replace(".", "a").isalnum()
+    """Whether a number literal is written without sign or exponent (``0.5``, ``3``, not
+    ``-0.5`` or ``1e-05``): an operand as it is."""
+    return repr(literal.value).replace(".", "a").isalnum()
 
 
 def _guard(x: Printed, cond: Printed, safe: Printed, earlier: Printed | None = None) -> Code:

@@ -29,6 +29,7 @@ __all__ = [
     "call",
     "compare",
     "dotted",
+    "dotted_name",
     "first_present",
     "generator",
     "if_else",
@@ -225,6 +226,16 @@ def joined(left: Operand, op: str, right: Operand) -> ast.expr:
     if isinstance(left, ast.BinOp) and _BINARY_LEVEL[type(left.op)] < level:
         return ast.BinOp(left.left, left.op, joined(left.right, op, right))
     return binop(left, op, right)
+
+
+def dotted_name(node: ast.AST) -> str | None:
+    """The dotted name ``node`` is, ``torch.special.erf`` (a name and its attributes); else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        owner = dotted_name(node.value)
+        return None if owner is None else f"{owner}.{node.attr}"
+    return None
 
 
 def is_negative_number(node: ast.AST) -> bool:

@@ -44,7 +44,7 @@ import ast
 import copy
 from dataclasses import dataclass, replace
 
-from ..codegen.syntax import Code, Parenthesized, plain, source, tuple_of
+from ..codegen.syntax import Code, Parenthesized, dotted_name, plain, tuple_of
 from .ir import Assign, CreateGraphBranch, FirstOrderBranch, If, Method, Statement
 
 # torch.<name>(t) for a fresh floating t becomes t.<name>_() ...
@@ -435,7 +435,7 @@ class _Rewriter:
         return result, node
 
     def call(self, node: ast.Call) -> tuple[_Value, ast.AST]:
-        name = source(node.func)
+        name = dotted_name(node.func) or ""  # ("": a method of an expression's value)
         if isinstance(node.func, ast.Attribute) and not name.startswith("torch."):
             value, node.func.value = self.visit(node.func.value)
             node.args = [self.visit(a)[1] for a in node.args]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ..codegen.syntax import Code, plain, source
+from ..codegen.syntax import Code, dotted_name, plain
 from .ir import (
     Assign,
     Comment,
@@ -188,11 +188,12 @@ def every_value_is_one_operation(body: Method) -> bool:
 
 
 def calls(body: Method) -> set[str]:
-    """The functions ``body`` calls, by their dotted names."""
+    """The functions ``body`` calls, by their dotted names (not a method of an expression's
+    value, ``(a * b).sum``)."""
     found: set[str] = set()
     codes = [s.value for s in _assigns(body)] + ([body.result] if body.values else [])
     for code in codes:
-        found |= {source(n.func) for n in ast.walk(plain(code)) if isinstance(n, ast.Call)}
+        found |= {dotted_name(n.func) for n in ast.walk(plain(code)) if isinstance(n, ast.Call)} - {None}
     return found
 
 
