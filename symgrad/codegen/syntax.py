@@ -22,8 +22,9 @@ import math
 from typing import Union
 
 __all__ = [
-    "Parenthesized",
     "Code",
+    "NONE",
+    "Parenthesized",
     "attribute",
     "binop",
     "call",
@@ -33,8 +34,6 @@ __all__ = [
     "first_present",
     "generator",
     "if_else",
-    "NONE",
-    "subscript",
     "is_negative_number",
     "joined",
     "keyword",
@@ -47,6 +46,7 @@ __all__ = [
     "source",
     "starred",
     "string",
+    "subscript",
     "tuple_of",
     "unary",
     "where",
@@ -60,6 +60,7 @@ class Parenthesized(ast.expr):
     _fields = ("value",)
 
 
+# A piece of code: an expression tree (an ast.expr, possibly with Parenthesized markers).
 Code = ast.expr
 Operand = Union[ast.expr, str, int, float, None]
 

@@ -10,10 +10,10 @@ with chains of arithmetic ran 4-15% faster (up to 2x with glibc's default alloca
 Eager autograd cannot do this: every op's result may be saved by the next.
 
 The rewrite walks a method's statements in the order they run (:func:`reuse_buffers_in`)
-and rewrites each assignment's expression, the syntax tree the printer built (after SymPy,
+and rewrites each assignment's expression: the syntax tree the printer built (after SymPy,
 so it sees exactly the ops that run), as Python's parser would give it
-(:func:`symgrad.codegen.syntax.plain`). It mutates only a *fresh* tensor: the result of an op inside the same
-expression, never a name. ``t.op_(u)`` must also behave as ``t op u`` everywhere a
+(:func:`symgrad.codegen.syntax.plain`). It mutates only a *fresh* tensor: the result of an
+op inside the same expression, never a name. ``t.op_(u)`` must also behave as ``t op u`` everywhere a
 generated Function runs:
 
 - double backward records the body: the fresh tensor's producer must not save its own
@@ -192,10 +192,8 @@ class _Rewriter:
 
     def statement(self, target: str, code: Code) -> Code | None:
         """The value of the assignment ``target = code`` rewritten, or None where nothing
-        changed. ``target`` is the plan's: a name, ``ctx.<attribute>``, names to unpack, or
-        ``a = b`` (several names set to one value, which is never rewritten)."""
-        if " = " in target:
-            return None  # (``g0 = g1 = None``: nothing to rewrite, and no one name's value)
+        changed. ``target`` is the plan's: a name (whose value the rewrite then knows),
+        ``ctx.<attribute>``, names to unpack, or ``a = b`` (both set to None)."""
         self.factors.clear()
         tree = plain(code)
         before = ast.dump(tree)

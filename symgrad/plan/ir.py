@@ -84,10 +84,11 @@ class Widen:
 
     def render(self) -> list[str]:
         lines = [f"{name} = _half_of({', '.join(tensors)})" for name, tensors in self.decisions]
-        call = f"_float32_for_half({', '.join(self.names)}"
+        # (Printed from the names: ``also``'s trailing comma is black's cue to split the call.)
+        widening = f"_float32_for_half({', '.join(self.names)}"
         if self.decisions:
-            call += f", also=({', '.join(name for name, _ in self.decisions)},)"
-        lines.append(f"{', '.join(self.names)}, {self.half} = {call})")
+            widening += f", also=({', '.join(name for name, _ in self.decisions)},)"
+        lines.append(f"{', '.join(self.names)}, {self.half} = {widening})")
         return lines
 
 
