@@ -1,6 +1,6 @@
 """symgrad.plan.inplace: eager bodies mutate only their own fresh temporaries, and only safely.
 
-The rules are checked on printed lines (data-driven, as the printer's own tests are); the
+The rules are checked on statements written as lines (data-driven, as the printer's own tests are); the
 generated modules run them under gradcheck, gradgradcheck, vmap, jacrev/jacfwd, forward
 AD, torch.compile and every dtype in test_generated.py. Here: what those cannot reach
 (integer and mixed-dtype inputs, broadcasting, a batched upstream gradient), and what an
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from code_text import reuse_buffers
 from test_fuzz import import_source
 from torch.func import jacrev, vmap
 
@@ -22,7 +23,7 @@ import symgrad.plan.bodies
 import symgrad.plan.inplace
 from symgrad.api import source_for_spec
 from symgrad.plan.docs import metadata_of
-from symgrad.plan.inplace import Reuse, reuse_buffers
+from symgrad.plan.inplace import Reuse
 from symgrad.codegen.write import read_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,6 +10,7 @@ import torch
 
 from symgrad.api import generate_source
 from symgrad.math import functions as sf
+from symgrad.codegen import syntax
 from symgrad.rewrite.kernels import FORWARD_KERNELS, KERNELS, first_order_kernel, with_forward_kernels
 
 X, Y = sympy.symbols("x y", real=True)
@@ -82,7 +83,8 @@ def test_kernel_calls_compute_their_derivatives():
         "mish": g * (torch.tanh(sp) + x * s * (1 - torch.tanh(sp) ** 2)),
     }
     for kernel in KERNELS:
-        got = eval(kernel.call.format(grad="g", u="x"), {"torch": torch, "g": g, "x": x})  # noqa: S307
+        code = syntax.source(kernel.call(syntax.name("g"), syntax.name("x")))
+        got = eval(code, {"torch": torch, "g": g, "x": x})  # noqa: S307
         torch.testing.assert_close(got, want[kernel.function], rtol=1e-14, atol=0)
 
 

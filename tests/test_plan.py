@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+from code_text import code
+
 import symgrad
+from symgrad.codegen.syntax import plain, source
+from symgrad.codegen.write import read_spec
+from symgrad.derive import derive
+from symgrad.frontend.parse import parse_spec
+from symgrad.plan import make_plan
 from symgrad.plan.ir import (
     Assign,
     Comment,
     CreateGraphBranch,
     FirstOrderBranch,
     If,
+    Line,
     Method,
     Return,
     Rounding,
     Unpack,
     Widen,
+    walk,
 )
 from symgrad.plan.operations import eager_operations, every_value_is_one_operation, kernels
 
@@ -21,8 +35,8 @@ from symgrad.plan.operations import eager_operations, every_value_is_one_operati
 def test_a_method_prints_its_fields_in_order():
     method = Method(
         ("ctx", "grad_output"),
-        body=(Comment("why"), Assign("t0", "x * y"), If("ctx.needs_input_grad[0]", (Assign("grad_x", "t0"),))),
-        values=("grad_x", "None"),
+        body=(Comment("why"), Assign("t0", code("x * y")), If(code("ctx.needs_input_grad[0]"), (Assign("grad_x", code("t0")),))),
+        values=(code("grad_x"), code("None")),
         unpack=Unpack(("x", "y", "a"), ("a",)),
         widen=Widen(("grad_output", "x", "y"), "_"),
     )
@@ -41,31 +55,31 @@ def test_a_method_prints_its_fields_in_order():
 
 
 def test_rounding_is_a_field_of_the_returned_values():
-    method = Method(("x", "y"), values=("x * y", "dx"), rounding=Rounding("half", count=1))
+    method = Method(("x", "y"), values=(code("x * y"), code("dx")), rounding=Rounding("half", count=1))
     assert method.returns == "_round_to(half, x * y), dx"
-    own = Method(("x", "y"), values=("torch.exp(y)", "x * y"), rounding=Rounding("half", None, ("y_half", "half")))
+    own = Method(("x", "y"), values=(code("torch.exp(y)"), code("x * y")), rounding=Rounding("half", None, ("y_half", "half")))
     assert own.returns == "_round_to(y_half, torch.exp(y)), _round_to(half, x * y)"
     assert "_round_to" in own.helpers
 
 
 def test_branches_are_structure():
-    branch = FirstOrderBranch((Assign("grad_x", "kernel(g, x)"),), (Comment("formula"), Assign("grad_x", "g * x")))
+    branch = FirstOrderBranch((Assign("grad_x", code("kernel(g, x)")),), (Comment("formula"), Assign("grad_x", code("g * x"))))
     assert branch.render() == ["if not torch.is_grad_enabled():", "    grad_x = kernel(g, x)", "else:", "    # formula", "    grad_x = g * x"]
-    create_graph = CreateGraphBranch((Assign("d", "F.apply(x)"), Return(("g * d",))))
+    create_graph = CreateGraphBranch((Assign("d", code("F.apply(x)")), Return((code("g * d"),))))
     assert create_graph.render() == ["if torch.is_grad_enabled():", "    d = F.apply(x)", "    return g * d"]
 
 
 def test_operations_are_counted_per_statement():
-    body = Method(("g", "x"), (Assign("t0", "torch.exp(x)"), If("g is not None", (Assign("r", "g * t0"),))), ("r",))
+    body = Method(("g", "x"), (Assign("t0", code("torch.exp(x)")), If(code("g is not None"), (Assign("r", code("g * t0")),))), (code("r"),))
     assert eager_operations(body) == 3  # exp, is not, *
     assert kernels(body) == 2  # (an identity test launches nothing)
 
 
 def test_single_operation_outputs_are_not_widened():
     """Each value one kernel (with the temporaries it reads): no float32 round trip."""
-    single = Method(("x", "y"), values=("x * y", "x + y"))
+    single = Method(("x", "y"), values=(code("x * y"), code("x + y")))
     assert every_value_is_one_operation(single)
-    several = Method(("x", "y"), (Assign("t0", "x * y"),), ("t0 + y", "x"))
+    several = Method(("x", "y"), (Assign("t0", code("x * y")),), (code("t0 + y"), code("x")))
     assert not every_value_is_one_operation(several)
 
 
@@ -82,3 +96,40 @@ def test_backward_does_not_bind_an_unused_half():
     backward = cube.split("def backward(")[1].split("class ")[0]
     assert "grad_output, x, _ = _float32_for_half(grad_output, x)" in backward
     assert "half" not in backward.replace("_float32_for_half", "")
+
+
+GENERATED = sorted(p for p in (Path(__file__).resolve().parent.parent / "generated").glob("*.py") if p.name != "__init__.py")
+
+
+def _expressions(method: Method):
+    """Every expression ``method`` holds as a syntax tree, the returned one included."""
+    for statement in walk(method.statements):
+        if isinstance(statement, Assign):
+            yield statement.value
+        elif isinstance(statement, Line):
+            yield statement.code
+        elif isinstance(statement, Return):
+            yield from statement.values
+        elif isinstance(statement, (If, FirstOrderBranch, CreateGraphBranch)):
+            yield (statement if isinstance(statement, If) else statement.as_if()).condition
+    if method.values:
+        yield method.result
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["default", "fast"])
+@pytest.mark.parametrize("path", GENERATED, ids=[p.stem for p in GENERATED])
+def test_the_passes_read_the_tree_that_the_code_parses_to(path, fast):
+    """Counting operations and the --fast buffer reuse read ``syntax.plain(tree)``, never the
+    printed code: for every expression a plan holds, that is exactly what Python parses
+    the printed code to."""
+    spec = read_spec(path.read_text())
+    plan = make_plan(derive(parse_spec(dataclasses.replace(spec, fast=fast))))
+    count = 0
+    for method in plan.methods():
+        for tree in _expressions(method):
+            printed = source(tree)
+            # (as a return statement: a returned tuple may unpack a call, ``*_round_to(...), t0``)
+            parsed = ast.parse(f"return {printed}").body[0].value
+            assert ast.dump(parsed) == ast.dump(plain(tree)), printed
+            count += 1
+    assert count

@@ -15,13 +15,14 @@ import re
 import pytest
 import sympy
 import torch
+from code_text import reuse_buffers
 
 from symgrad.errors import SymgradError
+from symgrad.codegen import syntax
 from symgrad.codegen.printer import HELPERS, PRINTERS, TorchPrinter, print_torch, prints_as_sum
 from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
 from symgrad.math import functions as sf
 from symgrad.math import series as taylor
-from symgrad.plan.inplace import reuse_buffers
 from symgrad.rewrite.engine import stabilize
 
 X, Y = sympy.symbols("x y", real=True)
@@ -201,19 +202,19 @@ def test_rationals_and_constants_print_as_floats():
     assert "2/3" not in code and "0.6666666666666666" in code
     # pi + 5/2 is one constant, folded to a float; E stays a coefficient.
     assert "5.641592653589793" in code and "2.718281828459045" in code
-    assert print_torch(sympy.sqrt(10) * X, NAMES) == "3.1622776601683795*x"
-    assert print_torch(X / 4, NAMES) == "0.25*x"
+    assert print_torch(sympy.sqrt(10) * X, NAMES) == "3.1622776601683795 * x"
+    assert print_torch(X / 4, NAMES) == "0.25 * x"
     assert print_torch(X ** sympy.Rational(1, 3), NAMES) == "x ** (0.3333333333333333)"
     assert print_torch(1 / X, NAMES) == "1 / x"
     assert print_torch(sympy.sqrt(X), NAMES) == "torch.sqrt(x)"
     assert print_torch(1 / sympy.sqrt(X), NAMES) == "torch.rsqrt(x)"
     # A Float coefficient of 1 is no multiplication: GELU written 0.5*x*(1 + erf(x/sqrt(2)))
     # printed 1.0 * x * ... and .mul_(1.0), one kernel each in forward and backward (a user hunt).
-    assert print_torch(sympy.Float(1.0) * X * sympy.exp(X), NAMES) == "x*torch.exp(x)"
-    assert print_torch(sympy.Float(-1.0) * X * sympy.exp(X), NAMES) == "-x*torch.exp(x)"
+    assert print_torch(sympy.Float(1.0) * X * sympy.exp(X), NAMES) == "x * torch.exp(x)"
+    assert print_torch(sympy.Float(-1.0) * X * sympy.exp(X), NAMES) == "-x * torch.exp(x)"
     # (but where it is what makes an integer or bool input's product float, as in eager torch)
-    assert print_torch(sympy.Float(1.0) * X**2, NAMES) == "1.0*x ** 2"
-    assert print_torch(sympy.Float(-1.0) * X * sympy.Abs(X), NAMES).startswith("-1.0*")
+    assert print_torch(sympy.Float(1.0) * X**2, NAMES) == "1.0 * x ** 2"
+    assert print_torch(sympy.Float(-1.0) * X * sympy.Abs(X), NAMES).startswith("-1.0 * ")
 
 
 DTYPE_EXPRS = [
@@ -271,7 +272,7 @@ def test_number_arguments_become_tensors_where_torch_needs_them():
     code = print_torch(sf.logaddexp(sympy.Float(0.5), X), NAMES)  # not 0: that is softplus
     assert code == "torch.logaddexp(x.new_full((), 0.5), x)"
     code = print_torch(sf.hypot(X / Y, 2), NAMES)  # an expression as the anchor
-    assert code == "torch.hypot(x/y, (x/y).new_full((), 2))"
+    assert code == "torch.hypot(x / y, (x / y).new_full((), 2))"
 
 
 POWERS = [
@@ -372,8 +373,8 @@ def test_integers_beyond_int64_print_as_floats_or_are_refused():
     """torch takes no Python int beyond int64 (OverflowError); SymPy can fold one, e.g.
     log(10**200) from 200*log(10) (found by the fuzz campaign)."""
     x = sympy.Symbol("x", real=True)
-    assert print_torch(x * sympy.Integer(2) ** 62, {x: "x"}) == "4611686018427387904*x"
-    assert print_torch(x * sympy.Integer(10) ** 200, {x: "x"}) == "1e+200*x"
+    assert print_torch(x * sympy.Integer(2) ** 62, {x: "x"}) == "4611686018427387904 * x"
+    assert print_torch(x * sympy.Integer(10) ** 200, {x: "x"}) == "1e+200 * x"
     with pytest.raises(SymgradError, match="beyond float64's range"):
         print_torch(x * sympy.Integer(10) ** 400, {x: "x"})
 
@@ -406,18 +407,23 @@ def test_taylor_series_print_as_horner_without_general_powers(expr, argument):
         assert result.item() == pytest.approx(want, rel=4e-16, abs=1e-300)
 
 
-def test_polynomial_text_is_horners_scheme_and_skips_zero_coefficients():
-    assert taylor._polynomial_text((1.0, -0.5, 0.0, 0.25), "s") == "s * (s * (0.25 * s) - 0.5) + 1.0"
-    text = taylor._polynomial_text((1.0, -0.5, 0.0, 0.25), "s")
+def _polynomial(coeffs, x="s"):
+    variable = syntax.name(x) if x.isidentifier() else syntax.binop("a", "+", "b")
+    return syntax.source(taylor._polynomial_code(coeffs, variable))
+
+
+def test_polynomial_code_is_horners_scheme_and_skips_zero_coefficients():
+    assert _polynomial((1.0, -0.5, 0.0, 0.25)) == "s * (s * (0.25 * s) - 0.5) + 1.0"
+    text = _polynomial((1.0, -0.5, 0.0, 0.25))
     assert "**" not in text
     for s in (-3.0, -0.5, 0.0, 0.7, 2.0):
         assert eval(text, {"s": s}) == pytest.approx(1.0 - 0.5 * s + 0.25 * s**3, rel=1e-15)
-    assert taylor._polynomial_text((0.0, 0.0, 2.0), "s") == "s * (2.0 * s)"
-    assert taylor._polynomial_text((3.0,), "s") == "3.0"
-    assert taylor._polynomial_text((0.0, 0.0), "s") == "0.0 * s"
-    assert taylor._polynomial_text((-1.0, -2.0), "a + b") == "-2.0 * (a + b) - 1.0"
+    assert _polynomial((0.0, 0.0, 2.0)) == "s * (2.0 * s)"
+    assert _polynomial((3.0,)) == "3.0"
+    assert _polynomial((0.0, 0.0)) == "0.0 * s"
+    assert _polynomial((-1.0, -2.0), "a + b") == "-2.0 * (a + b) - 1.0"
     # In place: one chain on the innermost product's buffer, no number-minus-tensor kernel.
-    (line,), _ = reuse_buffers(("r = " + taylor._polynomial_text((1.0, -0.5, 0.0, 0.25), "s"),), "", frozenset({"s"}), frozenset(), frozenset())
+    (line,), _ = reuse_buffers(("r = " + _polynomial((1.0, -0.5, 0.0, 0.25)),), "", frozenset({"s"}), frozenset(), frozenset())
     assert line == "r = (0.25 * s).mul_(s).sub_(0.5).mul_(s).add_(1.0)"
 
 
@@ -532,4 +538,4 @@ def test_the_printer_knows_which_code_is_an_operand_as_it_is(expr):
     """PRINTERS' entries parenthesise an argument as an operand by what the printer decided
     on the expression (Printed.operand): it must say what the printed code is."""
     printer = TorchPrinter(NAMES)
-    assert printer._is_atom(expr) == _parsed_is_atom(printer.doprint(expr))
+    assert printer._is_atom(expr) == _parsed_is_atom(syntax.source(printer.doprint(expr)))

@@ -6,18 +6,29 @@ as ``torch.special.gamma`` (which does not exist) and ``Heaviside`` as a failing
 So this printer subclasses SymPy's ``StrPrinter`` for operator precedence and term
 order, and prints every function from :data:`PRINTERS`, failing loudly on anything
 else. Numbers print as Python floats, which follow the tensors' dtype and device.
+
+It builds syntax trees (:mod:`symgrad.codegen.syntax`), not text: the plan's passes
+(operation counts, the --fast buffer reuse) read the trees, and :func:`print_torch` prints
+them. Where StrPrinter writes parentheses, the tree holds a ``Parenthesized`` marker, so
+the printed code keeps exactly StrPrinter's parentheses.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from importlib import resources
 from typing import Callable
 
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
-from sympy.printing.precedence import PRECEDENCE
+from sympy.core.mul import _keep_coeff
+from sympy.printing.precedence import PRECEDENCE, precedence
 from sympy.printing.str import StrPrinter
+from sympy.utilities.iterables import sift
+
+from . import syntax
+from .syntax import Code, binop, call, compare, method, negate, number, parens, unary, where
 
 from ..errors import SymgradError
 from ..math.numbers import numbers_to_floats
@@ -43,64 +54,62 @@ from ..math.functions import (
 Args = list["Printed"]
 
 
-def _one_call(printer: Callable[[Args], str]) -> Callable[[Args], str]:
+def _one_call(printer: Callable[[Args], Code]) -> Callable[[Args], Code]:
     """Marks a PRINTERS entry that prints one call, ``f(...)``: an operand as it is (any
     other entry's code is parenthesised as an operand)."""
     printer.one_call = True  # type: ignore[attr-defined]
     return printer
 
 
-def _call(torch_name: str) -> Callable[[Args], str]:
-    return _one_call(lambda args: f"{torch_name}({', '.join(args)})")
+def _call(torch_name: str) -> Callable[[Args], Code]:
+    return _one_call(lambda args: call(torch_name, *(a.code for a in args)))
 
 
-def _gamma(args: Args) -> str:
+def _gamma(args: Args) -> Code:
     # torch has lgamma but no gamma: exp(lgamma) is |gamma|; gamma is negative exactly
     # where x < 0 and floor(x) is odd.
-    (x,) = args
-    magnitude = f"torch.exp(torch.lgamma({x}))"
-    return f"torch.where(({x} > 0) | (torch.floor({x}) % 2 == 0), {magnitude}, -{magnitude})"
+    x = args[0].code
+    magnitude = call("torch.exp", call("torch.lgamma", x))
+    even = compare(binop(call("torch.floor", x), "%", 2), "==", 0)
+    return where(binop(parens(compare(x, ">", 0)), "|", parens(even)), magnitude, unary("-", magnitude))
 
 
-def _polygamma(args: Args) -> str:
+def _polygamma(args: Args) -> Code:
     order = int(args[0].value)
     if order == 0:
-        return f"torch.special.digamma({args[1]})"
-    return f"torch.special.polygamma({order}, {args[1]})"
+        return call("torch.special.digamma", args[1].code)
+    return call("torch.special.polygamma", order, args[1].code)
 
 
-def _hypot_excess(a: "Printed", b: "Printed") -> str:
+def _hypot_excess(a: "Printed", b: "Printed") -> Code:
     # hypot(a, b) - b as a*((a/2)/(hypot(a, b)/2 + b/2)): math.functions.hypot_excess
-    in_hypot = [_number_tensor(other.operand, text) if text.number else text for text, other in ((a, b), (b, a))]
-    half_b = repr(float(b.value) / 2) if b.number else f"0.5 * {b.operand}"
-    return f"{a.operand} * (0.5 * {a.operand} / (0.5 * torch.hypot({in_hypot[0]}, {in_hypot[1]}) + {half_b}))"
+    in_hypot = [_number_tensor(other.operand, p.code) if p.number else p.code for p, other in ((a, b), (b, a))]
+    half_b = number(float(b.value) / 2) if b.number else binop(0.5, "*", b.operand)
+    denominator = parens(binop(binop(0.5, "*", call("torch.hypot", *in_hypot)), "+", half_b))
+    return binop(a.operand, "*", parens(binop(binop(0.5, "*", a.operand), "/", denominator)))
 
 
-class Printed(str):
+@dataclass(frozen=True)
+class Printed:
     """An argument's code, as PRINTERS' entries get it, with what the printer knows of it,
     decided on the expression, never on the code: ``value``, the SymPy argument; ``atom``,
-    whether the code is a name, a plain number or one call; ``operand``, the code as an
-    operand of an operator (parenthesised unless ``atom``); ``number``, whether it is a
+    whether the code is a name, a plain number or one call; ``number``, whether it is a
     number literal."""
 
+    code: Code
     value: sympy.Basic
     atom: bool
-    operand: str
     number: bool
 
-    @classmethod
-    def of(cls, text: str, value: sympy.Basic, atom: bool, number: bool) -> "Printed":
-        printed = cls(text)
-        printed.value = value
-        printed.atom = atom
-        printed.operand = text if atom else f"({text})"
-        printed.number = number
-        return printed
+    @property
+    def operand(self) -> Code:
+        """The code as an operand of an operator: parenthesised unless ``atom``."""
+        return self.code if self.atom else parens(self.code)
 
 
 # SymPy function class -> how to print it from its printed arguments. The single table
 # the printer uses; functions.FUNCTIONS is the user-facing side of the same list.
-PRINTERS: dict[type, Callable[[Args], str]] = {
+PRINTERS: dict[type, Callable[[Args], Code]] = {
     sympy.exp: _call("torch.exp"),
     sympy.log: _call("torch.log"),
     log1p: _call("torch.log1p"),
@@ -121,7 +130,7 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     sympy.Abs: _call("torch.abs"),
     sympy.sign: _call("torch.sign"),
     # Heaviside(x) with SymPy's H(0) = 1/2 is (sign(x) + 1) / 2: one op, dtype kept.
-    sympy.Heaviside: lambda args: f"0.5 * (torch.sign({args[0]}) + 1)",
+    sympy.Heaviside: lambda args: binop(0.5, "*", parens(binop(call("torch.sign", args[0].code), "+", 1))),
     sympy.floor: _call("torch.floor"),
     sympy.ceiling: _call("torch.ceil"),
     round_half_even: _call("torch.round"),
@@ -133,25 +142,25 @@ PRINTERS: dict[type, Callable[[Args], str]] = {
     # symgrad.math.functions: torch's own stable kernels. softplus's threshold (where
     # it returns x itself) is raised from 20 to 40, where exp(-x) is below float64's
     # rounding of x; below it, log1p(exp(x)) cannot overflow in float32.
-    softplus: _one_call(lambda args: f"torch.nn.functional.softplus({args[0]}, threshold=40.0)"),
+    softplus: _one_call(lambda args: call("torch.nn.functional.softplus", args[0].code, threshold=40.0)),
     sigmoid: _call("torch.sigmoid"),
     # Forward bodies only (kernels.FORWARD_KERNELS): each one ATen kernel, which has no
     # integer or bool implementation, where the formula's torch.sigmoid promotes (_floating).
-    mish: _one_call(lambda args: f"torch.nn.functional.mish(_floating({args[0]}))"),
-    silu: _one_call(lambda args: f"torch.nn.functional.silu(_floating({args[0]}))"),
-    log_sigmoid: _one_call(lambda args: f"torch.nn.functional.logsigmoid(_floating({args[0]}))"),
+    mish: _one_call(lambda args: call("torch.nn.functional.mish", call("_floating", args[0].code))),
+    silu: _one_call(lambda args: call("torch.nn.functional.silu", call("_floating", args[0].code))),
+    log_sigmoid: _one_call(lambda args: call("torch.nn.functional.logsigmoid", call("_floating", args[0].code))),
     # Not torch.special.ndtr: in torch 2.13 it returns 0 below about -10 (and loses all
     # accuracy near -5 in float32); erfc of the negated, scaled argument keeps both tails.
-    ndtr: lambda args: f"0.5 * torch.special.erfc(-0.7071067811865476 * {args[0].operand})",
+    ndtr: lambda args: binop(0.5, "*", call("torch.special.erfc", binop(-0.7071067811865476, "*", args[0].operand))),
     # Module-level helpers (HELPERS): ATen has no float16 or bfloat16 CPU kernel for these.
     log_ndtr: _call("_log_ndtr"),
     erfcx: _call("_erfcx"),
     logaddexp: _call("torch.logaddexp"),
     hypot: _call("torch.hypot"),
     hypot_excess: lambda args: _hypot_excess(*args),
-    finite: _one_call(lambda args: f"torch.nan_to_num({args[0]}, nan=torch.nan)"),
+    finite: _one_call(lambda args: call("torch.nan_to_num", args[0].code, nan="torch.nan")),
     # a/n kept whole (math.functions.norm_ratio), where SymPy would merge the powers
-    norm_ratio: lambda args: f"{args[0].operand} / {args[1].operand}",
+    norm_ratio: lambda args: binop(args[0].operand, "/", args[1].operand),
     xlogy: _call("torch.xlogy"),
     # guard(x, cond, safe[, earlier]): the inner where of the "double where" (rewrite.piecewise._guard_piecewise).
     guard: _one_call(lambda args: _guard(*args)),
@@ -190,14 +199,18 @@ _TENSOR_ARGS: dict[type, tuple[int, ...]] = {sympy.atan2: (0, 1)}
 
 
 class TorchPrinter(StrPrinter):
-    """Prints a SymPy expression as torch code over the given variable names."""
+    """Prints a SymPy expression as torch code over the given variable names, as a syntax tree."""
 
     # Not StrPrinter's "_sympystr": a class's own str() (math.series.Removable shows
     # its closed form) must not replace its torch spelling.
     printmethod = "_symgrad_torch"
 
     def __init__(
-        self, names: dict[sympy.Symbol, str], reference: str | None = None, compiled: bool = False, promote: bool = False
+        self,
+        names: dict[sympy.Symbol, "str | Printed"],
+        reference: str | None = None,
+        compiled: bool = False,
+        promote: bool = False,
     ) -> None:
         super().__init__({"order": "none"})
         # Code that torch.compile runs (fused bodies): COMPILED_CALLS replace PRINTERS.
@@ -209,58 +222,88 @@ class TorchPrinter(StrPrinter):
         self._promote = promote
         self._names = names
 
-    def emptyPrinter(self, expr: object) -> str:  # noqa: N802 (SymPy's name)
+    def doprint(self, expr: sympy.Basic) -> Code:  # (StrPrinter's makes a str of it)
+        return self._print(expr)
+
+    def emptyPrinter(self, expr: object) -> Code:  # noqa: N802 (SymPy's name)
         raise SymgradError(f"symgrad cannot print {expr!r} as torch code")
 
-    def _print_Symbol(self, expr: sympy.Symbol) -> str:
+    def parenthesize(self, item: sympy.Basic, level: int, strict: bool = False) -> Code:
+        # StrPrinter's, on trees.
+        if precedence(item) < level or (not strict and precedence(item) <= level):
+            return parens(self._print(item))
+        return self._print(item)
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> Code:
         try:
-            return self._names[expr]
+            bound = self._names[expr]
         except KeyError:
             raise SymgradError(f"internal: no name for symbol {expr}") from None
+        # (a generated family's placeholder stands for its argument's code: ExpandedFunction)
+        return bound.code if isinstance(bound, Printed) else syntax.dotted(bound)
 
     _print_Dummy = _print_Symbol
 
-    def _print_Integer(self, expr: sympy.Integer) -> str:
+    def _print_Integer(self, expr: sympy.Integer) -> Code:
         value = int(expr)
         if abs(value) < 2**63:
-            return str(value)
+            return number(value)
         # torch cannot take a Python int beyond int64 (OverflowError); SymPy can fold one
         # (10**200 from 200*log(10)). As a float it follows the dtype like any constant.
         if abs(value).bit_length() > 1024:  # float64's largest value is below 2**1024
             raise SymgradError(f"a constant of {len(str(abs(value)))} digits is beyond float64's range")
-        return repr(float(value))
+        return number(float(value))
 
-    def _print_Rational(self, expr: sympy.Rational) -> str:
-        return repr(float(expr))
+    def _print_Rational(self, expr: sympy.Rational) -> Code:
+        return number(float(expr))
 
-    def _print_Float(self, expr: sympy.Float) -> str:
-        return repr(float(expr))
+    def _print_Float(self, expr: sympy.Float) -> Code:
+        return number(float(expr))
 
-    def _print_NumberSymbol(self, expr: sympy.Expr) -> str:
-        return repr(float(expr))
+    def _print_NumberSymbol(self, expr: sympy.Expr) -> Code:
+        return number(float(expr))
 
     _print_Pi = _print_Exp1 = _print_EulerGamma = _print_Catalan = _print_GoldenRatio = _print_NumberSymbol
 
-    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:
+    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> Code:
         base, exponent = expr.args
         if exponent == sympy.S.Half:
-            return f"torch.sqrt({self._print(base)})"
+            return call("torch.sqrt", self._print(base))
         if exponent == -sympy.S.Half:
-            return f"torch.rsqrt({self._print(base)})"
+            return call("torch.rsqrt", self._print(base))
         if exponent == -1:
-            return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
+            return binop(1, "/", self.parenthesize(base, PRECEDENCE["Mul"], strict=True))
         # Python's ** binds tighter than unary minus and associates to the right, so
         # anything but a name, a call or a non-negative number is parenthesised, on both
         # sides: (x**y)**t, x**(1/t), (-2.0)**x; a negative number exponent need not be,
         # x**-2.0. (A float: torch refuses an integer tensor to a negative integer power, and
-        # pow takes the same fast paths for -2.0 as for -2; found in review.)
+        # pow takes the same fast paths for -2.0 as for -2.)
         if exponent.is_Number and exponent.is_negative:
-            power = repr(float(exponent)) if exponent.is_Integer else self._print(exponent)
+            power = number(float(exponent)) if exponent.is_Integer else self._print(exponent)
         else:
             power = self._pow_operand(exponent)
-        return f"{self._pow_operand(base)} ** {power}"
+        return binop(self._pow_operand(base), "**", power)
 
-    def _print_Mul(self, expr: sympy.Mul) -> str:
+    def _print_Add(self, expr: sympy.Add, order: str | None = None) -> Code:
+        # StrPrinter's, on trees: a term printed with a leading minus is subtracted.
+        terms = self._as_ordered_terms(expr, order=order)
+        level = precedence(expr)
+        tree: Code | None = None
+        for term in terms:
+            code = self._print(term)
+            unsigned = None if term.is_Add else syntax.without_leading_minus(code)
+            sign = "+" if unsigned is None else "-"
+            if unsigned is not None:
+                code = unsigned
+            if precedence(term) < level or term.is_Add:
+                code = parens(code)
+            if tree is None:
+                tree = code if sign == "+" else negate(code)
+            else:
+                tree = binop(tree, sign, code)
+        return tree
+
+    def _print_Mul(self, expr: sympy.Mul) -> Code:
         # A number over powers, 0.5/sqrt(x) or -1/x**2, as the number times negative powers,
         # 0.5*torch.rsqrt(x) and -x**-2.0: StrPrinter's division runs the power, a reciprocal
         # and a product (Python's number / tensor is reciprocal(t) * number), three kernels for
@@ -270,13 +313,78 @@ class TorchPrinter(StrPrinter):
         factors = sympy.Mul.make_args(rest)
         powers = [f for f in factors if f.is_Pow and f.exp.is_Rational and f.exp.is_negative]
         if len(powers) < len(factors) or all(p.exp == -1 for p in powers):
-            return super()._print_Mul(expr)
+            return self._str_printer_mul(expr)
         numerator = [self._print(abs(coefficient))] if abs(coefficient) != 1 else []
         numerator += [self.parenthesize(p, PRECEDENCE["Mul"], strict=False) for p in powers if p.exp != -1]
-        divisions = "".join(
-            f" / {self.parenthesize(p.base, PRECEDENCE['Mul'], strict=True)}" for p in powers if p.exp == -1
-        )
-        return ("-" if coefficient < 0 else "") + " * ".join(numerator) + divisions
+        tree = _product(numerator)
+        for p in powers:
+            if p.exp == -1:
+                tree = binop(tree, "/", self.parenthesize(p.base, PRECEDENCE["Mul"], strict=True))
+        return negate(tree) if coefficient < 0 else tree
+
+    def _str_printer_mul(self, expr: sympy.Mul) -> Code:
+        """StrPrinter._print_Mul (SymPy 1.14), on trees, for the orders this printer uses
+        ("none"): the same factors, order and parentheses."""
+        level = precedence(expr)
+        args = expr.args
+        if args[0] is sympy.S.One or any(
+            isinstance(a, sympy.Number) or a.is_Pow and all(ai.is_Integer for ai in a.args) for a in args[1:]
+        ):
+            # An unevaluated product, printed with every factor as it is.
+            d, n = sift(args, lambda x: isinstance(x, sympy.Pow) and bool(x.exp.as_coeff_Mul()[0] < 0), binary=True)
+            for i, di in enumerate(d):
+                if di.exp.is_Number:
+                    e = -di.exp
+                else:
+                    dargs = list(di.exp.args)
+                    dargs[0] = -dargs[0]
+                    e = sympy.Mul._from_args(dargs)
+                d[i] = sympy.Pow(di.base, e, evaluate=False) if e - 1 else di.base
+            pre = [self._print(n.pop(0))] if n and not n[0].is_Add and n[0].could_extract_minus_sign() else []
+            nfactors = pre + [self.parenthesize(a, level, strict=False) for a in n] or [number(1)]
+            pre = [self._print(d.pop(0))] if len(d) > 1 and d[0].could_extract_minus_sign() else []
+            dfactors = pre + [self.parenthesize(a, level, strict=False) for a in d]
+            if len(dfactors) > 1:
+                return binop(_product(nfactors), "/", parens(_product(dfactors)))
+            if dfactors:
+                return binop(_product(nfactors), "/", dfactors[0])
+            return _product(nfactors)
+
+        c, e = expr.as_coeff_Mul()
+        negative = c < 0
+        if negative:
+            expr = _keep_coeff(-c, e)
+        numerator: list[sympy.Expr] = []
+        denominator: list[sympy.Expr] = []
+        pow_paren = []  # powers with exponent -1 of a product or power: parenthesised whole
+        for item in sympy.Mul.make_args(expr):
+            if item.is_commutative and isinstance(item, sympy.Pow) and bool(item.exp.as_coeff_Mul()[0] < 0):
+                if item.exp is not sympy.S.NegativeOne:
+                    denominator.append(_reciprocal_power(item))
+                else:
+                    if len(item.args[0].args) != 1 and isinstance(item.base, (sympy.Mul, sympy.Pow)):
+                        pow_paren.append(item)
+                    denominator.append(item.base)
+            elif item.is_Rational and item is not sympy.S.Infinity:
+                if item.p != 1:
+                    numerator.append(sympy.Rational(item.p))
+                if item.q != 1:
+                    denominator.append(sympy.Rational(item.q))
+            else:
+                numerator.append(item)
+        numerator = numerator or [sympy.S.One]
+        a_code = [self.parenthesize(x, level, strict=False) for x in numerator]
+        b_code = [self.parenthesize(x, level, strict=False) for x in denominator]
+        for item in pow_paren:
+            if item.base in denominator:
+                b_code[denominator.index(item.base)] = parens(b_code[denominator.index(item.base)])
+        if not denominator:
+            tree = _product(a_code)
+        elif len(denominator) == 1:
+            tree = binop(_product(a_code), "/", b_code[0])
+        else:
+            tree = binop(_product(a_code), "/", parens(_product(b_code)))
+        return negate(tree) if negative else tree
 
     def _as_ordered_terms(self, expr: sympy.Expr, order: str | None = None) -> list[sympy.Expr]:
         # A sum starts with a term that is not negated where it has one: -a + b prints as
@@ -287,30 +395,30 @@ class TorchPrinter(StrPrinter):
             terms.insert(0, terms.pop(first_positive))
         return terms
 
-    def _pow_operand(self, expr: sympy.Expr) -> str:
-        text = self._print(expr)
+    def _pow_operand(self, expr: sympy.Expr) -> Code:
+        code = self._print(expr)
         simple = expr.is_Symbol or isinstance(expr, sympy.Function) or (
             expr.is_Number and not expr.is_negative and expr.is_Integer
         )
-        return text if simple else f"({text})"
+        return code if simple else parens(code)
 
-    def _print_NaN(self, expr: sympy.Expr) -> str:
-        return 'float("nan")'
+    def _print_NaN(self, expr: sympy.Expr) -> Code:
+        return call("float", syntax.string("nan"))
 
-    def _print_Infinity(self, expr: sympy.Expr) -> str:
-        return 'float("inf")'
+    def _print_Infinity(self, expr: sympy.Expr) -> Code:
+        return call("float", syntax.string("inf"))
 
-    def _print_NegativeInfinity(self, expr: sympy.Expr) -> str:
-        return '(-float("inf"))'
+    def _print_NegativeInfinity(self, expr: sympy.Expr) -> Code:
+        return parens(unary("-", call("float", syntax.string("inf"))))
 
     _print_ComplexInfinity = _print_NaN  # undefined over the reals
 
-    def _print_ImaginaryUnit(self, expr: sympy.Expr) -> str:
+    def _print_ImaginaryUnit(self, expr: sympy.Expr) -> Code:
         # (StrPrinter prints "I", a NameError in the generated module.) parse and derive
         # refuse complex values; this is the last guard.
         raise SymgradError("the expression has a complex value here, and symgrad works over the real numbers")
 
-    def _print_Function(self, expr: sympy.Function) -> str:
+    def _print_Function(self, expr: sympy.Function) -> Code:
         args = [self._printed(arg) for arg in expr.args]
         tensor_args = getattr(expr, "tensor_args", None) or _TENSOR_ARGS.get(type(expr), ())
         if tensor_args:
@@ -321,27 +429,27 @@ class TorchPrinter(StrPrinter):
             # (A number tensor is an operand as it is where its anchor is a name: ``x.new_full((), 2.0)``.)
             args = [
                 (
-                    Printed.of(_number_tensor(anchor.operand, text), a, anchor.value.is_Symbol, False)
+                    Printed(_number_tensor(anchor.operand, printed.code), a, anchor.value.is_Symbol, False)
                     if i in tensor_args and a.is_number and anchor
-                    else text
+                    else printed
                 )
-                for i, (a, text) in enumerate(zip(expr.args, args))
+                for i, (a, printed) in enumerate(zip(expr.args, args))
             ]
         torch_code = getattr(type(expr), "torch_code", None)
         if torch_code is not None:  # generated families (math.series.Removable)
             return self._function_code(expr, torch_code(self, args, expr.args))
         if self._compiled and type(expr) in COMPILED_CALLS:
-            return f"{COMPILED_CALLS[type(expr)]}({', '.join(args)})"
+            return call(COMPILED_CALLS[type(expr)], *(a.code for a in args))
         printer = PRINTERS.get(type(expr))
         if printer is None:
             raise SymgradError(f"symgrad cannot print {type(expr).__name__} as torch code")
         return self._function_code(expr, printer(args))
 
-    def _function_code(self, expr: sympy.Function, code: str) -> str:
+    def _function_code(self, expr: sympy.Function, code: Code) -> Code:
         """A function's ``code``, parenthesised unless it is one call (or a name or number):
         the operator printers treat a function as an atom, but some print as an expression
         (Heaviside as ``0.5 * (torch.sign(x) + 1)``, ndtr through erfc)."""
-        return code if self._function_is_atom(expr) else f"({code})"
+        return code if self._function_is_atom(expr) else parens(code)
 
     def _function_is_atom(self, expr: sympy.Function) -> bool:
         kind = type(expr)
@@ -356,16 +464,15 @@ class TorchPrinter(StrPrinter):
 
     def _printed(self, arg: sympy.Basic) -> Printed:
         """``arg`` printed, as PRINTERS' entries take it."""
-        text = self._print(arg)
-        number = isinstance(arg, (sympy.Integer, sympy.Rational, sympy.Float))
-        return Printed.of(text, arg, self._is_atom(arg), number)
+        is_number = isinstance(arg, (sympy.Integer, sympy.Rational, sympy.Float))
+        return Printed(self._print(arg), arg, self._is_atom(arg), is_number)
 
     def _is_atom(self, expr: sympy.Basic) -> bool:
         """Whether ``expr`` prints as a name, a plain number (no sign or exponent) or one call."""
         if expr.is_Symbol:
             # (a generated family's placeholder stands for its argument's code: ExpandedFunction)
-            name = self._names.get(expr)
-            return name.atom if isinstance(name, Printed) else True
+            bound = self._names.get(expr)
+            return bound.atom if isinstance(bound, Printed) else True
         if isinstance(expr, (sympy.logic.boolalg.BooleanAtom, sympy.Piecewise, sympy.ITE)):
             return True
         if isinstance(expr, (sympy.Integer, sympy.Rational, sympy.Float)):
@@ -384,95 +491,122 @@ class TorchPrinter(StrPrinter):
     # PRINTERS instead.
     _print_Heaviside = _print_Function
 
-    def _print_MinMax(self, expr: sympy.Expr, tensor_fn: str, clamp_bound: str) -> str:
+    def _print_MinMax(self, expr: sympy.Expr, tensor_fn: str, clamp_bound: str) -> Code:
         numbers = [a for a in expr.args if a.is_number]
         tensors = [self._print(a) for a in expr.args if not a.is_number]
-        text = tensors[0]
+        tree = tensors[0]
         for other in tensors[1:]:
-            text = f"{tensor_fn}({text}, {other})"
+            tree = call(tensor_fn, tree, other)
         # torch.maximum needs two tensors; a number bound is a clamp. SymPy has already
         # folded several number arguments into one.
-        for number in numbers:
-            text = f"torch.clamp({text}, {clamp_bound}={self._print(number)})"
-        return text
+        for bound in numbers:
+            tree = call("torch.clamp", tree, **{clamp_bound: self._print(bound)})
+        return tree
 
-    def _print_Max(self, expr: sympy.Max) -> str:
+    def _print_Max(self, expr: sympy.Max) -> Code:
         return self._print_MinMax(expr, "torch.maximum", "min")
 
-    def _print_Min(self, expr: sympy.Min) -> str:
+    def _print_Min(self, expr: sympy.Min) -> Code:
         return self._print_MinMax(expr, "torch.minimum", "max")
 
-    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> Code:
         # Nested torch.where, from the last (otherwise) branch outwards.
         *branches, (otherwise, _) = expr.args
-        text = self._print(otherwise)
+        tree = self._print(otherwise)
         inner_is_number = otherwise.is_number
         for value, condition in reversed(branches):
-            value_text = self._print(value)
+            value_code = self._print(value)
             if value.is_number and inner_is_number:
                 # torch.where of two Python numbers gives the default dtype, not the
                 # inputs': make one branch a 0-d tensor of the reference's dtype. (The
                 # condition's own tensors may be bool, e.g. a CSE temporary `t0 = x < 1`.)
                 if self._reference is not None:
-                    ref = self._reference
-                    dtype = f"_dtype_with({ref}, {value_text})" if self._promote else f"{ref}.dtype"
-                    value_text = f"torch.tensor({value_text}, dtype={dtype}, device={ref}.device)"
+                    ref = syntax.dotted(self._reference)
+                    dtype = call("_dtype_with", ref, value_code) if self._promote else syntax.attribute(ref, "dtype")
+                    value_code = call("torch.tensor", value_code, dtype=dtype, device=syntax.attribute(ref, "device"))
                 else:
                     anchor = self._print(sorted(condition.free_symbols, key=str)[0])  # (a name)
-                    value_text = _number_tensor(anchor, value_text)
-            text = f"torch.where({self._print(condition)}, {value_text}, {text})"
+                    value_code = _number_tensor(anchor, value_code)
+            tree = where(self._print(condition), value_code, tree)
             inner_is_number = False
-        return text
+        return tree
 
-    def _print_ITE(self, expr: sympy.Basic) -> str:
+    def _print_ITE(self, expr: sympy.Basic) -> Code:
         # SymPy builds ITE when a condition compares conditions; on bool tensors it is a where.
-        condition, then, otherwise = (self._print(a) for a in expr.args)
-        return f"torch.where({condition}, {then}, {otherwise})"
+        return where(*(self._print(a) for a in expr.args))
 
-    def _print_BooleanFunction(self, expr: sympy.Basic) -> str:
+    def _print_BooleanFunction(self, expr: sympy.Basic) -> Code:
         raise SymgradError(f"symgrad cannot print the condition {type(expr).__name__} as torch code")
 
-    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
-        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
-        return f"{self.parenthesize(expr.lhs, PRECEDENCE['Relational'])} {op} {self.parenthesize(expr.rhs, PRECEDENCE['Relational'])}"
+    def _print_Relational(self, expr: sympy.core.relational.Relational) -> Code:
+        if expr.rel_op not in ("==", "!=", "<", "<=", ">", ">="):
+            raise SymgradError(f"symgrad cannot print the relation {expr.rel_op} as torch code")
+        level = PRECEDENCE["Relational"]
+        return compare(self.parenthesize(expr.lhs, level), expr.rel_op, self.parenthesize(expr.rhs, level))
 
-    def _print_And(self, expr: sympy.And) -> str:
-        return " & ".join(f"({self._print(a)})" for a in sorted(expr.args, key=str))
+    def _print_And(self, expr: sympy.And) -> Code:
+        return _joined("&", [parens(self._print(a)) for a in sorted(expr.args, key=str)])
 
-    def _print_Or(self, expr: sympy.Or) -> str:
-        return " | ".join(f"({self._print(a)})" for a in sorted(expr.args, key=str))
+    def _print_Or(self, expr: sympy.Or) -> Code:
+        return _joined("|", [parens(self._print(a)) for a in sorted(expr.args, key=str)])
 
-    def _print_Not(self, expr: sympy.Not) -> str:
-        return f"~({self._print(expr.args[0])})"
+    def _print_Not(self, expr: sympy.Not) -> Code:
+        return unary("~", parens(self._print(expr.args[0])))
 
-    def _print_BooleanTrue(self, expr: sympy.Basic) -> str:
-        return "True"
+    def _print_BooleanTrue(self, expr: sympy.Basic) -> Code:
+        return ast.Constant(True)
 
-    def _print_BooleanFalse(self, expr: sympy.Basic) -> str:
-        return "False"
-
-
-def _number_tensor(anchor: str, number: str) -> str:
-    """A 0-d tensor holding ``number``, of the dtype and device of the tensor ``anchor`` (an operand)."""
-    return f"{anchor}.new_full((), {number})"
+    def _print_BooleanFalse(self, expr: sympy.Basic) -> Code:
+        return ast.Constant(False)
 
 
-def _plain_number(literal: str) -> bool:
-    """Whether a number's literal has no sign or exponent (``0.5``, ``3``, ``inf``, not
+def _joined(op: str, operands: list[Code]) -> Code:
+    """``a op b op c``, left to right."""
+    tree = operands[0]
+    for operand in operands[1:]:
+        tree = binop(tree, op, operand)
+    return tree
+
+
+def _product(factors: list[Code]) -> Code:
+    return _joined("*", factors)
+
+
+def _reciprocal_power(power: sympy.Expr) -> sympy.Expr:
+    """``b**-e`` as ``b**e``, unevaluated (StrPrinter's ``apow``)."""
+    base, exponent = power.as_base_exp()
+    eargs = list(sympy.Mul.make_args(exponent))
+    if eargs[0] is sympy.S.NegativeOne:
+        eargs = eargs[1:]
+    else:
+        eargs[0] = -eargs[0]
+    exponent = sympy.Mul._from_args(eargs)
+    if isinstance(power, sympy.Pow):
+        return power.func(base, exponent, evaluate=False)
+    return power.func(exponent, evaluate=False)
+
+
+def _number_tensor(anchor: Code, value: Code) -> Code:
+    """A 0-d tensor holding the number ``value``, of the dtype and device of the tensor ``anchor`` (an operand)."""
+    return method(anchor, "new_full", syntax.tuple_of(), value)
+
+
+def _plain_number(literal: Code) -> bool:
+    """Whether a number literal is written without sign or exponent (``0.5``, ``3``, not
     ``-0.5`` or ``1e-05``): an operand as it is."""
-    return literal.replace(".", "a").isalnum()
+    return repr(literal.value).replace(".", "a").isalnum()
 
 
-def _guard(x: Printed, cond: Printed, safe: Printed, earlier: Printed | None = None) -> str:
+def _guard(x: Printed, cond: Printed, safe: Printed, earlier: Printed | None = None) -> Code:
     """guard(x, cond, safe, earlier): ``earlier`` negated with ``~``, which holds where it is
     nan, as the nested torch.where that selects the branch has it (SymPy's own negation of
     log(x) > 1, log(x) <= 1, does not)."""
     if earlier is not None:
         if cond.value == sympy.true:
             # The same selection as where(~earlier, x, safe), without the negation's kernel.
-            return f"torch.where({earlier}, {safe}, {x})"
-        cond = f"({cond}) & ~({earlier})"
-    return f"torch.where({cond}, {x}, {safe})"
+            return where(earlier.code, safe.code, x.code)
+        return where(binop(parens(cond.code), "&", unary("~", parens(earlier.code))), x.code, safe.code)
+    return where(cond.code, x.code, safe.code)
 
 
 def print_torch(
@@ -490,6 +624,17 @@ def print_torch(
     module's bodies), so COMPILED_CALLS apply. ``promote``: ``reference`` may be an integer
     tensor, so a number made a tensor takes the helper ``_dtype_with`` of it, not its dtype.
     """
+    return syntax.source(print_tree(expr, names, reference, compiled, promote))
+
+
+def print_tree(
+    expr: sympy.Basic,
+    names: dict[sympy.Symbol, str],
+    reference: str | None = None,
+    compiled: bool = False,
+    promote: bool = False,
+) -> Code:
+    """:func:`print_torch`'s code as a syntax tree (:mod:`symgrad.codegen.syntax`)."""
     return TorchPrinter(names, reference, compiled, promote).doprint(numbers_to_floats(expr))
 
 

@@ -454,8 +454,9 @@ class ExpandedFunction(StableFunction):
         raise NotImplementedError
 
     @classmethod
-    def torch_code(cls, printer, args: list[str], values: tuple[sympy.Expr, ...] = ()) -> str:
-        """:meth:`expanded`, printed with the arguments' code (``values``: the arguments
+    def torch_code(cls, printer, args: list, values: tuple[sympy.Expr, ...] = ()):
+        """:meth:`expanded`, printed (a syntax tree) with the arguments' code, the printer's
+        ``Printed`` (``values``: the arguments
         themselves; a number among them is passed as it is, as power_excess's bounds need)."""
         values = values or (None,) * len(args)
         placeholders = [

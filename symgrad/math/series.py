@@ -8,6 +8,7 @@ accurate in float32.
 
 from __future__ import annotations
 
+import ast
 import contextvars
 import hashlib
 from typing import Callable
@@ -16,6 +17,7 @@ import mpmath
 import sympy
 from sympy.core.function import ArgumentIndexError
 
+from ..codegen.syntax import Code, binop, number, parens
 from .functions import (
     erfcx,
     expand_functions,
@@ -177,7 +179,7 @@ class TaylorPolynomial(StableFunction):
 
     A function rather than a SymPy sum, so that SymPy neither pushes the powers into the
     guard's Piecewise nor reorders the terms: it prints as Horner's scheme, lowest degree
-    outermost (:func:`_polynomial_text`).
+    outermost (:func:`_polynomial_code`).
     """
 
     nargs = 1
@@ -192,9 +194,9 @@ class TaylorPolynomial(StableFunction):
         return sympy.Add(*(sympy.Float(c) * x**n for n, c in enumerate(type(self).coeffs) if c))
 
     @classmethod
-    def torch_code(cls, printer, args: list[str], values: tuple[sympy.Expr, ...] = ()) -> str:
+    def torch_code(cls, printer, args: list, values: tuple[sympy.Expr, ...] = ()) -> Code:
         (x,) = args
-        return _polynomial_text(cls.coeffs, x)
+        return _polynomial_code(cls.coeffs, x.code)
 
     @classmethod
     def torch_code_is_atom(cls) -> bool:
@@ -206,7 +208,7 @@ class TaylorPolynomial(StableFunction):
     @classmethod
     def torch_code_is_sum(cls) -> bool:
         """Whether :meth:`torch_code` is a sum at its top: Horner's scheme adds ``c0`` last,
-        where ``c0`` is not zero and a higher coefficient is (:func:`_polynomial_text`)."""
+        where ``c0`` is not zero and a higher coefficient is (:func:`_polynomial_code`)."""
         return bool(cls.coeffs) and cls.coeffs[0] != 0 and any(c for c in cls.coeffs[1:])
 
 
@@ -226,24 +228,24 @@ def _horner_mp(coeffs, x):
     return total
 
 
-def _polynomial_text(coeffs: tuple[float, ...], x: str) -> str:
+def _polynomial_code(coeffs: tuple[float, ...], x: Code) -> Code:
     """``x * (x * (c3 * x + c2) + c1) + c0``, Horner's scheme over the coefficients: a
     multiply and an add a degree, which the in-place pass makes one chain on the innermost
     product's buffer, ``(c3 * x).add_(c2).mul_(x).add_(c1)...`` (a number written first,
     ``c2 + c3 * x``, would allocate again: a number minus a tensor has no in-place form)."""
-    if not x.isidentifier():
-        x = f"({x})"
+    if not isinstance(x, ast.Name):
+        x = parens(x)
     degree = max((n for n, c in enumerate(coeffs) if c), default=None)
     if degree is None:
-        return f"0.0 * {x}"
-    text = repr(coeffs[degree])
+        return binop(0.0, "*", x)
+    code: Code = number(coeffs[degree])
     for n in range(degree - 1, -1, -1):
-        text = f"{text} * {x}" if n == degree - 1 else f"{x} * ({text})"
+        code = binop(code, "*", x) if n == degree - 1 else binop(x, "*", parens(code))
         if coeffs[n] > 0:
-            text = f"{text} + {coeffs[n]!r}"
+            code = binop(code, "+", number(coeffs[n]))
         elif coeffs[n] < 0:
-            text = f"{text} - {-coeffs[n]!r}"
-    return text
+            code = binop(code, "-", number(-coeffs[n]))
+    return code
 
 
 _ANALYTIC = (

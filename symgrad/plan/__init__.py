@@ -1,7 +1,7 @@
 """Stage 3, the plan: every name, body, saved tensor and helper of a generated module,
 decided as data before anything is printed.
 
-- :mod:`.ir`: the data (Plan, Method and its statements), printed to lines once;
+- :mod:`.ir`: the data (Plan, Method and its statements; expressions are syntax trees), printed to lines once;
 - :mod:`.names`: the names of a plan's values;
 - :mod:`.saved`: what backward saves, and setup_context;
 - :mod:`.bodies`: forward, backward and jvp;

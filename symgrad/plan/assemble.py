@@ -15,6 +15,7 @@ from ..errors import SymgradError
 from ..math.half import loses_in_float16
 from ..naming import check_class_name
 from ..codegen.printer import HELPERS
+from ..codegen.syntax import call, source, tuple_of
 from .bodies import Builder
 from .docs import Docs
 from .dtype import Decider, HalfPolicy, half_in_float32
@@ -89,19 +90,18 @@ class _Assembler:
             value = b.forward(outputs=b.n_user)
             if not fused:  # (fused, it runs compiled)
                 value = b.eager(value)
-            args = ", ".join(b.forward_params())
-            value_call = f"{value_name(b.alias)}({args})"
+            args = b.forward_params()
+            value_call = source(call(value_name(b.alias), *args))
             if fused and eager_reason(value, frozenset()) is None:
-                value_call = f"{fused.plan.runner}({value_name(b.alias)}, {args}, operations={eager_operations(value)})"
+                runner_call = call(fused.plan.runner, value_name(b.alias), *args, operations=eager_operations(value))
+                value_call = source(runner_call)
         out_of_place_forward = None if fused else b.forward()
         forward = fused.forward_call if fused else b.eager(out_of_place_forward)
         backward = fused.backward_call if fused else b.eager(b.backward(saved), differentiating=True)
         readers = b.saving.inplace_readers() if inplace else {}
         if readers:
-            refusal = Line(
-                f"_refuse_overwritten(ctx, {', '.join(f'{k}={v!r}' for k, v in readers.items())})",
-                frozenset({"_refuse_overwritten"}),
-            )
+            reading = {k: tuple_of(*v) for k, v in readers.items()}
+            refusal = Line(call("_refuse_overwritten", "ctx", **reading), frozenset({"_refuse_overwritten"}))
             backward = dataclasses.replace(backward, body=(refusal, *backward.body))
         jvp = fused.jvp_call if fused else b.eager(b.jvp(saved), differentiating=True)
         docs = Docs(b)

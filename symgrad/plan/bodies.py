@@ -1,4 +1,4 @@
-"""The method bodies: forward, backward and jvp, as statements over printed expressions.
+"""The method bodies: forward, backward and jvp, as statements over syntax trees (codegen.syntax).
 
 :class:`Builder` holds one plan's state (names, gradient rows, the tensor the printer
 follows); its collaborators build what saving, second derivatives, fused mode and the
@@ -12,11 +12,27 @@ import sympy
 from ..derive import Derivation, differentiable_form
 from ..rewrite.kernels import whole_gradient_kernel
 from ..errors import SymgradError
-from ..codegen.printer import helpers_used, print_torch
+from ..codegen.printer import helpers_used, print_tree
+from ..codegen.syntax import (
+    NONE,
+    Code,
+    attribute,
+    binop,
+    call,
+    compare,
+    dotted,
+    first_present,
+    joined,
+    method,
+    name,
+    parens,
+    subscript,
+    tuple_of,
+)
 from ..math.numbers import numbers_to_floats
 from ..math.functions import expand_functions
 from ..math.series import TaylorPolynomial
-from .code import accumulate, factor, is_one, sum_of_present
+from .code import accumulate, factor, is_one, sum_of, sum_of_present
 from .inplace import reuse_buffers_in
 from .ir import Assign, Comment, FirstOrderBranch, If, Line, Method, SecondDerivative, Statement
 from .names import Names, SymbolStream
@@ -71,17 +87,15 @@ class Builder:
         self.saving = Saving(self)
         self.second_derivatives = SecondDerivatives(self)
 
-    def ctx_ref(self, attribute: str) -> str:
+    def ctx_ref(self, ctx_attribute: str) -> Code:
         """``ctx.<attribute>`` in a method; a parameter of the same meaning in a pure function."""
         if not self.pure:
-            return f"ctx.{attribute}"
-        if attribute not in self.pure_params:
-            wanted = attribute.split("[")[0]
-            self.pure_params[attribute] = self.names.namer.claim(wanted)
-        name = self.pure_params[attribute]
-        if attribute not in self.pure_used:
-            self.pure_used.append(attribute)
-        return name
+            return attribute("ctx", ctx_attribute)
+        if ctx_attribute not in self.pure_params:
+            self.pure_params[ctx_attribute] = self.names.namer.claim(ctx_attribute)
+        if ctx_attribute not in self.pure_used:
+            self.pure_used.append(ctx_attribute)
+        return name(self.pure_params[ctx_attribute])
 
     # -- printing ---------------------------------------------------------------------
     def term(self) -> str:
@@ -94,10 +108,10 @@ class Builder:
     def name(self, symbol: sympy.Symbol) -> str:
         return self.names.symbols[symbol]
 
-    def code(self, expr: sympy.Expr) -> str:
+    def code(self, expr: sympy.Expr) -> Code:
         # A fused module's code runs under torch.compile (its bodies, and the value function
         # of --save speed); printer.COMPILED_CALLS keep inductor's kernels accurate there.
-        return print_torch(
+        return print_tree(
             expr, self.names.symbols, self.reference, compiled=self.p.spec.fuse, promote=self.promotes(self.reference)
         )
 
@@ -137,13 +151,12 @@ class Builder:
                 for node in sympy.preorder_traversal(expr)
                 if isinstance(node, _TENSOR_CONTEXTS)
             ):
-                name = self.name(param)
+                param_name = self.name(param)
                 promotes = self.promotes(reference)
-                dtype = f"_dtype_with({reference}, {name})" if promotes else f"{reference}.dtype"
+                dtype = call("_dtype_with", reference, param_name) if promotes else attribute(reference, "dtype")
                 helpers = frozenset({"_dtype_with"}) if promotes else frozenset()
-                statements.append(
-                    Assign(name, f"torch.as_tensor({name}, dtype={dtype}, device={reference}.device)", helpers)
-                )
+                as_tensor = call("torch.as_tensor", param_name, dtype=dtype, device=attribute(reference, "device"))
+                statements.append(Assign(param_name, as_tensor, helpers))
         return statements
 
     def live_rows(self):
@@ -200,21 +213,21 @@ class Builder:
                 where = f"output {index + 1}" if len(self.d.forward) > 1 else "the expression"
                 shown = f"{float(expr):g}" if expr.is_real and expr.is_finite else expr
                 raise SymgradError(f"{where} is constant ({shown}) wherever it is defined, so it has no gradient")
-            text = self.code(expr)
+            code = self.code(expr)
             if out.reduction is None and (expr in returned or expr.is_Symbol and expr in self.inputs):
                 # Never return an input, or one tensor twice (sin(x)*x, sin(x)*x): forward-mode
                 # AD and torch.compile need every output to be a tensor of its own.
-                text = f"{text}.clone()"
+                code = method(code, "clone")
             returned.add(expr)
             if out.reduction is not None:
-                text = f"({text}).{out.reduction}()"
-            values.append(text)
+                code = method(parens(code), out.reduction)
+            values.append(code)
         helpers = self.helpers(*reduced)
         if self.p.spec.inplace:
             return self.inplace_forward(body, values[0], helpers)
         return Method(self.forward_params(), tuple(body), tuple(values), value_helpers=helpers)
 
-    def inplace_forward(self, body: list[Statement], value: str, helpers: frozenset[str]) -> Method:
+    def inplace_forward(self, body: list[Statement], value: Code, helpers: frozenset[str]) -> Method:
         target = self.name(self.inputs[0])
         result = self.name(self.names.results[0])
         saved = self.saving.saved()
@@ -224,23 +237,23 @@ class Builder:
         for symbol in saved:
             if symbol == self.inputs[0]:
                 before = self.names.namer.claim(f"{target}_before")
-                body.append(Assign(before, f"{target}.clone()"))
+                body.append(Assign(before, method(target, "clone")))
                 save_names.append(before)
             else:
                 save_names.append(target if symbol in self.names.results else self.name(symbol))
         param_lines, tensors = self.saving.save_parts("save_for_backward", save_names)
         body += param_lines
         # The other inputs and params backward reads: the write may change them (mul_(a, a)).
-        kept = "".join(f", {k}={k}" for k in self.saving.inplace_readers())
+        kept = {k: name(k) for k in self.saving.inplace_readers()}
         overwrite = frozenset({"_overwrite"})
         if kept:
-            body.append(Assign("ctx.overwritten", f"_overwrite({target}, {result}{kept})", overwrite))
+            body.append(Assign("ctx.overwritten", call("_overwrite", target, result, **kept), overwrite))
         else:
-            body.append(Line(f"_overwrite({target}, {result})", overwrite))
-        body.append(Line(f"ctx.mark_dirty({target})"))
+            body.append(Line(call("_overwrite", target, result), overwrite))
+        body.append(Line(method("ctx", "mark_dirty", target)))
         if tensors:
-            body.append(Line(f"ctx.save_for_backward({', '.join(tensors)})"))
-        return Method(self.forward_params(), tuple(body), (target,))
+            body.append(Line(method("ctx", "save_for_backward", *tensors)))
+        return Method(self.forward_params(), tuple(body), (name(target),))
 
     # -- backward ---------------------------------------------------------------------
     def backward(self, saved: list[sympy.Symbol], with_unpack: bool = True) -> Method:
@@ -270,19 +283,19 @@ class Builder:
             grad = self.names.grads[j]
             terms = [(self.backward_term(i, expr), expr) for (i, jj), expr in zip(entries, reduced) if jj == j]
             if not (only_input and terms):
-                body.append(Assign(grad, "None"))
+                body.append(Assign(grad, NONE))
             grads.append(grad)
             if not terms:
                 continue
-            condition = None if only_input else f"{self.ctx_ref('needs_input_grad')}[{j}]"
+            condition = None if only_input else subscript(self.ctx_ref("needs_input_grad"), j)
             branch: list[Statement] = [self.assign(t, e) for t, e in temps if users[t] == {j}]
-            texts = [text for text, _ in terms]
+            codes = [code for code, _ in terms]
             if self.broadcasts:
                 # Each term is reduced on its own: outputs can have different shapes (exp(y) and
                 # x*y), and a smaller term broadcast into a sum first would be counted repeatedly.
                 shape = self.ctx_ref(self.name(symbol) + "_shape")
-                texts = [f"({text}).sum_to_size({shape})" for text in texts]
-            branch.append(Assign(grad, " + ".join(texts), self.helpers(*(e for _, e in terms))))
+                codes = [method(parens(code), "sum_to_size", shape) for code in codes]
+            branch.append(Assign(grad, sum_of(codes), self.helpers(*(e for _, e in terms))))
             kernel = kernels[j]
             if kernel is not None and create_graph:
                 branch = [
@@ -303,10 +316,10 @@ class Builder:
                         value_helpers=last.helpers,
                     )
             body += branch if condition is None else [If(condition, tuple(branch))]
-        grads += ["None"] * len(self.params)
-        return Method(("ctx",) + self.names.grad_outputs, tuple(body), tuple(grads), unpack=unpack)
+        values = tuple(name(g) for g in grads) + (NONE,) * len(self.params)
+        return Method(("ctx",) + self.names.grad_outputs, tuple(body), values, unpack=unpack)
 
-    def first_order_kernel(self, j: int) -> tuple[str, frozenset[str]] | None:
+    def first_order_kernel(self, j: int) -> tuple[Code, frozenset[str]] | None:
         """The call of an ATen backward kernel (symgrad.rewrite.kernels) that computes input ``j``'s
         whole gradient, and the helpers it calls; or None (always in fused bodies:
         whole_gradient_kernel refuses --fuse)."""
@@ -315,8 +328,8 @@ class Builder:
         found = whole_gradient_kernel(self.p.spec, self.inputs, self.params, terms)
         if found is None:
             return None
-        text = found.code(self.names.grad_outputs[live[0]], lambda e: self.code(numbers_to_floats(e)))
-        return text, self.helpers(found.argument)
+        code = found.code(self.names.grad_outputs[live[0]], lambda e: self.code(numbers_to_floats(e)))
+        return code, self.helpers(found.argument)
 
     def speed_backward(self, saved: list[sympy.Symbol], with_unpack: bool) -> Method:
         """--save speed: multiply by the derivatives forward returned; differentiate them again
@@ -327,7 +340,7 @@ class Builder:
         """
         unpack = self.saving.unpack_saved(saved) if with_unpack else None
         grads = list(self.names.grads)
-        body: list[Statement] = [Assign(" = ".join(grads), "None")]
+        body: list[Statement] = [Assign(" = ".join(grads), NONE)]
         self.contributions = [0] * len(self.inputs)
         first = [i for i in range(self.n_user) if self.live[i]]
         second = [i for i in range(self.n_user, self.n_out) if self.live[i]]
@@ -339,10 +352,10 @@ class Builder:
             for j in range(len(self.inputs)):
                 if self.rows[i][j] != 0:
                     expr = self.rows[i][j]
-                    condition = f"{self.ctx_ref('needs_input_grad')}[{j}]"
+                    condition = subscript(self.ctx_ref("needs_input_grad"), j)
                     added = self.accumulate(j, self.backward_term(i, expr), self.helpers(expr))
                     branch.append(If(condition, tuple(added)))
-            body.append(If(f"{self.names.grad_outputs[i]} is not None", tuple(branch)))
+            body.append(If(compare(self.names.grad_outputs[i], "is not", None), tuple(branch)))
         for m in second:
             entries = [j for j in range(len(self.inputs)) if self.rows[m][j] != 0]
             branch = []
@@ -354,34 +367,35 @@ class Builder:
             temps, reduced = self.cse(exprs)
             branch += [self.assign(t, e) for t, e in temps]
             for j, expr in zip(entries, reduced):
-                condition = f"{self.ctx_ref('needs_input_grad')}[{j}]"
+                condition = subscript(self.ctx_ref("needs_input_grad"), j)
                 added = self.accumulate(j, self.backward_term(m, expr), self.helpers(expr))
                 branch.append(If(condition, tuple(added)))
-            body.append(If(f"{self.names.grad_outputs[m]} is not None", tuple(branch)))
-        grads += ["None"] * len(self.params)
-        return Method(("ctx",) + self.names.grad_outputs, tuple(body), tuple(grads), unpack=unpack)
+            body.append(If(compare(self.names.grad_outputs[m], "is not", None), tuple(branch)))
+        values = tuple(name(g) for g in grads) + (NONE,) * len(self.params)
+        return Method(("ctx",) + self.names.grad_outputs, tuple(body), values, unpack=unpack)
 
-    def accumulate(self, j: int, term: str, helpers: frozenset[str]) -> list[Statement]:
+    def accumulate(self, j: int, term: Code, helpers: frozenset[str]) -> list[Statement]:
         """Statements adding ``term`` to input ``j``'s gradient, which may still be None."""
         grad = self.names.grads[j]
         self.contributions[j] += 1
         if self.broadcasts:
             # Reduced term by term: the outputs (derivatives included) differ in shape.
-            term = f"({term}).sum_to_size({self.ctx_ref(self.name(self.inputs[j]) + '_shape')})"
+            term = method(parens(term), "sum_to_size", self.ctx_ref(self.name(self.inputs[j]) + "_shape"))
         term_name = self.term() if self.contributions[j] > 1 else None
         return _with_helpers(accumulate(grad, term, self.contributions[j] == 1, term_name), helpers)
 
-    def backward_term(self, output: int, expr: sympy.Expr) -> str:
-        grad_output = self.names.grad_outputs[output]
+    def backward_term(self, output: int, expr: sympy.Expr) -> Code:
+        grad_output: Code = name(self.names.grad_outputs[output])
         reduction = self.outputs[output].reduction
         if reduction == "mean":
             # The 0-d gradient is divided first: one scalar operation, where dividing the
             # expanded product would be a pass over memory of its own.
-            grad_output = f"({grad_output} / {self.ctx_ref(self.saving.shape_attr(output))}.numel())"
-        text = grad_output if is_one(expr) else f"{grad_output} * {factor(self.code(expr), expr)}"
+            count = method(self.ctx_ref(self.saving.shape_attr(output)), "numel")
+            grad_output = parens(binop(grad_output, "/", count))
+        code = grad_output if is_one(expr) else joined(grad_output, "*", factor(self.code(expr), expr))
         if reduction is not None:
-            text = f"({text}).expand({self.ctx_ref(self.saving.shape_attr(output))})"
-        return text
+            code = method(parens(code), "expand", self.ctx_ref(self.saving.shape_attr(output)))
+        return code
 
     # -- jvp --------------------------------------------------------------------------
     def grad_only_params(self) -> set[sympy.Symbol]:
@@ -416,8 +430,7 @@ class Builder:
             self.reference = self.names.tangents[0]
         else:
             self.reference = self.names.namer.claim("reference")
-            tangents = ", ".join(self.names.tangents)
-            body.append(Assign(self.reference, f"next(t for t in ({tangents}) if t is not None)"))
+            body.append(Assign(self.reference, first_present("t", tuple_of(*self.names.tangents))))
         body += self.tensorize(exprs, self.reference)
         body += [self.assign(t, e) for t, e in temps]
         returns = []
@@ -429,7 +442,7 @@ class Builder:
             result = self.name(self.names.results[i])
             tangent = self.names.namer.claim(f"{result}_tangent")
             if not self.live[i]:
-                returns.append("None")
+                returns.append(NONE)
                 continue
             terms = [
                 (
@@ -446,7 +459,8 @@ class Builder:
             if single:
                 value = terms[0][1]
                 if out.reduction is not None:
-                    value = f"({value}).expand({self.ctx_ref(self.saving.shape_attr(i))}).{out.reduction}()"
+                    expanded = method(parens(value), "expand", self.ctx_ref(self.saving.shape_attr(i)))
+                    value = method(expanded, out.reduction)
                 if self.n_out == 1 and not self.p.spec.fast:
                     return Method(
                         ("ctx",) + self.names.tangents, tuple(body), (value,), unpack=unpack, value_helpers=helpers
@@ -456,30 +470,31 @@ class Builder:
                 present = [(self.names.tangents[j], term) for j, term, _ in terms]
                 body += _with_helpers(sum_of_present(tangent, present, self.term()), helpers)
                 dtype = self.ctx_ref(f"{result}_dtype")
+                device = attribute(self.reference, "device")
                 body.append(
                     If(
-                        f"{tangent} is None",
+                        compare(tangent, "is", None),
                         (
                             Comment("No given tangent reaches this output: its tangent is a zero of its dtype."),
-                            Assign(tangent, f"torch.zeros((), dtype={dtype}, device={self.reference}.device)"),
+                            Assign(tangent, call("torch.zeros", tuple_of(), dtype=dtype, device=device)),
                         ),
                     )
                 )
                 # The engine does not broadcast tangents: each must have its output's shape.
-                value = f"{tangent}.expand({self.ctx_ref(self.saving.shape_attr(i))})"
-                body.append(Assign(tangent, f"{value}.{out.reduction}()" if out.reduction is not None else value))
-            returns.append(tangent)
+                value = method(tangent, "expand", self.ctx_ref(self.saving.shape_attr(i)))
+                body.append(Assign(tangent, method(value, out.reduction) if out.reduction is not None else value))
+            returns.append(name(tangent))
         return Method(("ctx",) + self.names.tangents, tuple(body), tuple(returns), unpack=unpack)
 
-    def jvp_term(self, j: int, expr: sympy.Expr, reduce_to: str | None = None) -> str:
+    def jvp_term(self, j: int, expr: sympy.Expr, reduce_to: str | None = None) -> Code:
         """Input ``j``'s tangent times ``expr``; with ``reduce_to`` (the ctx attribute of the
         output's shape), summed over the dimensions it has beyond it: a surrogate gradient
         that reads a param the output does not may broadcast beyond the output (lam of shape
         (3, 1) for x of shape (2,)), and backward sums it so. Each such term alone: summed
         after the others were added, they would be counted once per extra row."""
-        tangent = self.names.tangents[j]
-        term = tangent if is_one(expr) else f"{tangent} * {factor(self.code(expr), expr)}"
-        return f"_reduced_to({term}, {self.ctx_ref(reduce_to)})" if reduce_to else term
+        tangent = name(self.names.tangents[j])
+        term = tangent if is_one(expr) else joined(tangent, "*", factor(self.code(expr), expr))
+        return call("_reduced_to", term, self.ctx_ref(reduce_to)) if reduce_to else term
 
 
 def _with_helpers(statements: list[Statement], helpers: frozenset[str]) -> list[Statement]:
@@ -496,7 +511,7 @@ def _with_helpers(statements: list[Statement], helpers: frozenset[str]) -> list[
 
 
 def _first_order_branch(
-    grad: str, kernel: tuple[str, frozenset[str]], formula: list[Statement], sech_as_sigmoids: bool = False
+    grad: str, kernel: tuple[Code, frozenset[str]], formula: list[Statement], sech_as_sigmoids: bool = False
 ) -> FirstOrderBranch:
     """A gradient: the kernel's call unless autograd records backward (double backward), the
     formula then (see derive.second_order.differentiable_form for ``sech_as_sigmoids``)."""

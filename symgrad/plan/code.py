@@ -5,6 +5,7 @@ from __future__ import annotations
 import sympy
 
 from ..codegen.printer import prints_as_sum
+from ..codegen.syntax import NONE, Code, binop, compare, if_else, joined, parens
 from .ir import Assign, If, Statement
 
 
@@ -13,30 +14,39 @@ def unpack_target(names: list[str] | tuple[str, ...]) -> str:
     return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
 
 
-def sum_of_present(target: str, terms: list[tuple[str, str]], term_name: str | None) -> list[Statement]:
+def sum_of_present(target: str, terms: list[tuple[str, Code]], term_name: str | None) -> list[Statement]:
     """Statements setting ``target`` to the sum of ``terms``, (a name that may be None at run
     time, a term that uses it): each is added only where its name is not None, and
     ``target`` stays None where none is."""
-    statements: list[Statement] = [Assign(target, "None")]
+    statements: list[Statement] = [Assign(target, NONE)]
     for n, (optional, term) in enumerate(terms):
-        statements.append(If(f"{optional} is not None", tuple(accumulate(target, term, n == 0, term_name))))
+        statements.append(If(compare(optional, "is not", None), tuple(accumulate(target, term, n == 0, term_name))))
     return statements
 
 
-def accumulate(target: str, term: str, first: bool, term_name: str | None) -> list[Statement]:
+def accumulate(target: str, term: Code, first: bool, term_name: str | None) -> list[Statement]:
     """Statements adding ``term`` to ``target``, which is None until a first term arrives (a
     term may be skipped at run time: an absent gradient or tangent)."""
     if first:
         return [Assign(target, term)]
-    return [Assign(term_name, term), Assign(target, f"{term_name} if {target} is None else {target} + {term_name}")]
+    added = if_else(compare(target, "is", None), term_name, binop(target, "+", term_name))
+    return [Assign(term_name, term), Assign(target, added)]
 
 
-def factor(code: str, expr: sympy.Expr) -> str:
+def factor(code: Code, expr: sympy.Expr) -> Code:
     """``code``, the printed ``expr``, as the right operand of ``*``: parenthesised where the
     printer prints ``expr`` as a sum or difference (:func:`~symgrad.codegen.printer.prints_as_sum`)."""
-    return f"({code})" if prints_as_sum(expr) else code
+    return parens(code) if prints_as_sum(expr) else code
 
 
 def is_one(expr: sympy.Expr) -> bool:
     """Whether ``expr`` is the number 1 (SymPy's ``Float(1.0) == 1`` is False)."""
     return bool(expr.is_number) and not expr.free_symbols and float(expr) == 1.0
+
+
+def sum_of(terms: list[Code]) -> Code:
+    """``a + b + c``, the terms joined as text would be (:func:`~symgrad.codegen.syntax.joined`)."""
+    total = terms[0]
+    for term in terms[1:]:
+        total = joined(total, "+", term)
+    return total

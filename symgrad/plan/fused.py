@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from ..codegen.syntax import NONE, Code, attribute, call, name
 from .code import unpack_target
 from .ir import Assign, Fused, Method, Statement
 from .names import fused_names
@@ -66,7 +67,7 @@ class FusedBodies:
         names = fused_names(b.alias)
         runner = names["runner"]
 
-        def pure(build, fixed: tuple[str, ...]) -> tuple[Method, tuple[str, ...]]:
+        def pure(build, fixed: tuple[str, ...]) -> tuple[Method, tuple[Code, ...]]:
             """Build a body with ctx attributes as parameters; also return the call's ctx args."""
             b.pure, b.pure_used = True, []
             try:
@@ -76,7 +77,7 @@ class FusedBodies:
             used = tuple(b.pure_used)
             params = fixed + tuple(b.pure_params[a] for a in used)
             return Method(params, method.body, method.values, value_helpers=method.value_helpers), tuple(
-                f"ctx.{a}" for a in used
+                attribute("ctx", a) for a in used
             )
 
         bodies: list[tuple[str, str, str | None]] = []  # (forward|backward|jvp, name, why eager)
@@ -84,19 +85,19 @@ class FusedBodies:
         # params: they may be tensors.) An operation between two of them is no pass over memory.
         scalars = frozenset(g for g, out in zip(b.names.grad_outputs, b.outputs) if out.reduction)
 
-        def call(kind: str, body: Method, args: str, runs: Method | None = None) -> str:
+        def body_call(kind: str, body: Method, args: tuple[str | Code, ...], runs: Method | None = None) -> Code:
             """The body's call: through the runner, or direct where compiling cannot pay or
             would be inaccurate. ``runs``: what the body runs, where that is more than its own
             statements (a Function it calls)."""
             runs = runs or body
-            name, reason = names[kind], eager_reason(runs, scalars)
-            bodies.append((kind, name, reason))
+            function, reason = names[kind], eager_reason(runs, scalars)
+            bodies.append((kind, function, reason))
             if reason is not None:
-                return f"{name}({args})"
-            return f"{runner}({name}, {args}, operations={eager_operations(runs, scalars)})"
+                return call(function, *args)
+            return call(runner, function, *args, operations=eager_operations(runs, scalars))
 
         forward, _ = pure(b.forward, b.forward_params())
-        forward_call = Method(b.forward_params(), (), (call("forward", forward, ", ".join(b.forward_params())),))
+        forward_call = Method(b.forward_params(), (), (body_call("forward", forward, b.forward_params()),))
 
         values = [b.name(s) for s in saved] + [b.name(p) for p in b.saving.saved_params()]
         if b.speed:
@@ -105,16 +106,16 @@ class FusedBodies:
             fixed = b.names.grad_outputs + tuple(values)
             backward, ctx_args = pure(lambda: b.backward(saved, with_unpack=False), fixed)
             grads = list(b.names.grads)
-            backward = Method(backward.params, backward.body, tuple(grads))
+            backward = Method(backward.params, backward.body, tuple(name(g) for g in grads))
             target = unpack_target(grads) if len(grads) > 1 else grads[0]
-            line = Assign(target, call("backward", backward, ", ".join(fixed + ctx_args)))
+            line = Assign(target, body_call("backward", backward, fixed + ctx_args))
             # Double backward's Function, where it has one, is called here: the body is pure.
             entries = b.gradient_entries()
             create_graph = b.second_derivatives.create_graph_branch(entries, [b.rows[i][j] for i, j in entries])
             backward_call = Method(
                 ("ctx",) + b.names.grad_outputs,
                 (*([create_graph] if create_graph else []), line),
-                tuple(grads + ["None"] * len(b.params)),
+                tuple(name(g) for g in grads) + (NONE,) * len(b.params),
                 unpack=b.saving.unpack_saved(saved),
             )
 
@@ -125,14 +126,14 @@ class FusedBodies:
         # computes accurately.
         if b.second_symbols:
             second = b.second.forward
-            second_forward: tuple[Statement, ...] = (*second.statements, Assign("_", second.returns))
+            second_forward: tuple[Statement, ...] = (*second.statements, Assign("_", second.result))
             runs = Method(jvp.params, (*second_forward, *jvp.body), jvp.values)
         else:
             runs = None
         jvp_call = Method(
             ("ctx",) + b.names.tangents,
             (),
-            (call("jvp", jvp, ", ".join(fixed + ctx_args), runs),),
+            (body_call("jvp", jvp, fixed + ctx_args, runs),),
             unpack=b.saving.unpack_saved(saved),
         )
         plan = Fused(

@@ -10,9 +10,10 @@ with chains of arithmetic ran 4-15% faster (up to 2x with glibc's default alloca
 Eager autograd cannot do this: every op's result may be saved by the next.
 
 The rewrite walks a method's statements in the order they run (:func:`reuse_buffers_in`)
-and rewrites each assignment's printed expression (after SymPy, so it sees exactly the
-ops that run). It mutates only a *fresh* tensor: the result of an op inside the same
-expression, never a name. ``t.op_(u)`` must also behave as ``t op u`` everywhere a
+and rewrites each assignment's expression: the syntax tree the printer built (after SymPy,
+so it sees exactly the ops that run), as Python's parser would give it
+(:func:`symgrad.codegen.syntax.plain`). It mutates only a *fresh* tensor: the result of an
+op inside the same expression, never a name. ``t.op_(u)`` must also behave as ``t op u`` everywhere a
 generated Function runs:
 
 - double backward records the body: the fresh tensor's producer must not save its own
@@ -43,6 +44,7 @@ import ast
 import copy
 from dataclasses import dataclass, replace
 
+from ..codegen.syntax import Code, Parenthesized, dotted_name, plain, tuple_of
 from .ir import Assign, CreateGraphBranch, FirstOrderBranch, If, Method, Statement
 
 # torch.<name>(t) for a fresh floating t becomes t.<name>_() ...
@@ -107,24 +109,6 @@ _KEEPS_DTYPE = {"torch.abs", "torch.sign", "torch.floor", "torch.ceil", "torch.r
 _IRREGULAR = {"torch.where", "torch.sum", "torch.mean"}  # (where: see _Rewriter.where)
 
 
-def reuse_buffers(
-    lines: tuple[str, ...],
-    returns: str,
-    tensors: frozenset[str],
-    floating: frozenset[str],
-    params: frozenset[str],
-) -> tuple[tuple[str, ...], str]:
-    """A body's lines and return expression, with in-place ops on its own fresh temporaries
-    where that is safe.
-
-    ``tensors`` names the tensors in scope, ``floating`` those certainly floating (upstream
-    gradients and tangents) and ``params`` the values that may be tensors or numbers.
-    """
-    rewriter = _Rewriter(_environment(tensors, floating, params))
-    new_lines = tuple(rewriter.line(line) for line in lines)
-    return new_lines, rewriter.expression(returns) if returns else returns
-
-
 @dataclass(frozen=True)
 class Reuse:
     """A method after the rewrite, and what the rewrite wrote (the docstring says so)."""
@@ -135,21 +119,24 @@ class Reuse:
 
 
 def reuse_buffers_in(method: Method, tensors: frozenset[str], floating: frozenset[str], params: frozenset[str]) -> Reuse:
-    """``method`` with in-place ops on its own fresh temporaries where that is safe
-    (:func:`reuse_buffers`), rewriting each assignment's value and the returned values, in
-    the order they run."""
+    """``method`` with in-place ops on its own fresh temporaries where that is safe, rewriting
+    each assignment's value and the returned values, in the order they run.
+
+    ``tensors`` names the tensors in scope, ``floating`` those certainly floating (upstream
+    gradients and tangents) and ``params`` the values that may be tensors or numbers.
+    """
     rewriter = _Rewriter(_environment(tensors, floating, params))
     written: list[ast.AST] = []
     body = _rewritten(method.body, rewriter, written)
     if method.values:
         # (The return is one expression, a tuple where it returns several values.)
-        tree = rewriter.expression_tree(", ".join(method.values))
+        returned = method.values[0] if len(method.values) == 1 else tuple_of(*method.values)
+        tree = rewriter.expression(returned)
         if tree is not None:
             written.append(tree)
             # (A tuple prints in parentheses; its values are printed one by one.)
             elements = tree.elts if isinstance(tree, ast.Tuple) else [tree]
-            values = tuple(_unparse(element) for element in elements)
-            method = replace(method, values=values, parenthesised=isinstance(tree, ast.Tuple))
+            method = replace(method, values=tuple(elements), parenthesised=isinstance(tree, ast.Tuple))
     nodes = [node for tree in written for node in ast.walk(tree) if isinstance(node, ast.Call)]
     in_place = any(isinstance(n.func, ast.Attribute) and _is_in_place(n.func.attr) for n in nodes)
     fused = any(
@@ -175,10 +162,10 @@ def _rewritten(statements: tuple[Statement, ...], rewriter: "_Rewriter", written
     result: list[Statement] = []
     for statement in statements:
         if isinstance(statement, Assign):
-            tree = rewriter.statement(f"{statement.target} = {statement.value}")
+            tree = rewriter.statement(statement.target, statement.value)
             if tree is not None:
                 written.append(tree)
-                statement = replace(statement, value=_unparse(tree.value))
+                statement = replace(statement, value=tree)
             result.append(statement)
         elif isinstance(statement, If):
             body = _rewritten(statement.body, rewriter, written)
@@ -203,26 +190,16 @@ class _Rewriter:
         # scheme nests one a degree (2**18 visits for a degree-36 series).
         self.factors: dict[int, tuple[ast.AST, _Value, ast.AST]] = {}
 
-    def line(self, line: str) -> str:
-        indent = line[: len(line) - len(line.lstrip())]
-        statement = self.statement(line.strip())
-        return line if statement is None else indent + _unparse(statement)
-
-    def statement(self, text: str) -> ast.Assign | None:
-        """The assignment ``text`` rewritten, or None where nothing changed."""
+    def statement(self, target: str, code: Code) -> Code | None:
+        """The value of the assignment ``target = code`` rewritten, or None where nothing
+        changed. ``target`` is the plan's: a name (whose value the rewrite then knows),
+        ``ctx.<attribute>``, names to unpack, or ``a = b`` (both set to None)."""
         self.factors.clear()
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:  # an ``if ...:`` header
-            return None
-        if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
-            return None  # a comment, or a statement that computes nothing
-        statement = tree.body[0]
-        before = ast.dump(statement)
-        value, statement.value = self.visit(statement.value)
-        target = statement.targets[0]
-        if isinstance(target, ast.Name):
-            old = self.env.get(target.id)
+        tree = plain(code)
+        before = ast.dump(tree)
+        value, tree = self.visit(tree)
+        if target.isidentifier():
+            old = self.env.get(target)
             if old is not None:
                 # A name assigned again (a param replaced by ctx's number when it was not a
                 # tensor, or made a tensor) keeps what both say: either may hold at run time.
@@ -233,19 +210,15 @@ class _Rewriter:
                     promoted=old.promoted or value.promoted,
                     irregular=old.irregular or value.irregular,
                 )
-            self.env[target.id] = replace(value, fresh=False)
-        if ast.dump(statement) == before:
+            self.env[target] = replace(value, fresh=False)
+        if ast.dump(tree) == before:
             return None  # nothing in place: the printer's own spelling
-        return statement
+        return tree
 
-    def expression(self, text: str) -> str:
-        node = self.expression_tree(text)
-        return text if node is None else _unparse(node)
-
-    def expression_tree(self, text: str) -> ast.AST | None:
-        """The expression ``text`` rewritten, or None where nothing changed."""
+    def expression(self, code: Code) -> Code | None:
+        """The expression ``code`` rewritten, or None where nothing changed."""
         self.factors.clear()
-        tree = ast.parse(text, mode="eval").body
+        tree = plain(code)
         before = ast.dump(tree)
         _, node = self.visit(tree)
         return None if ast.dump(node) == before else node
@@ -268,7 +241,7 @@ class _Rewriter:
             return self.unary(node)
         if isinstance(node, ast.Call):
             return self.call(node)
-        if isinstance(node, _Parenthesised):
+        if isinstance(node, Parenthesized):
             value, node.value = self.visit(node.value)
             return _Value(value.deps), node
         return self.opaque(node)
@@ -460,7 +433,7 @@ class _Rewriter:
         return result, node
 
     def call(self, node: ast.Call) -> tuple[_Value, ast.AST]:
-        name = ast.unparse(node.func)
+        name = dotted_name(node.func) or ""  # ("": a method of an expression's value)
         if isinstance(node.func, ast.Attribute) and not name.startswith("torch."):
             value, node.func.value = self.visit(node.func.value)
             node.args = [self.visit(a)[1] for a in node.args]
@@ -543,45 +516,15 @@ def _promotes(op: ast.operator, left: _Value, right: _Value) -> bool:
     return isinstance(op, ast.Div) and bool(tensor_sides) and not (left.floating or right.floating)
 
 
-class _Parenthesised(ast.expr):
-    """A pair of parentheses that ast.unparse would drop as redundant (it prints by
-    precedence): :class:`_Unparser` prints them."""
-
-    _fields = ("value",)
-
-
 def _parenthesised(node: ast.expr) -> ast.expr:
+    """A chain of in-place (or fused) calls as an operand, in parentheses that Python's
+    precedence does not need: black then puts one call on each line."""
     chain = (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and (node.func.attr.endswith("_") or node.func.attr in _FUSED_METHODS)
     )
-    return _Parenthesised(node) if chain else node
-
-
-def _unparse(node: ast.AST) -> str:
-    return _Unparser().visit(_negative_exponents_as_numbers(node))
-
-
-class _Unparser(ast._Unparser):
-    """ast.unparse, which also prints :class:`_Parenthesised`."""
-
-    def visit__Parenthesised(self, node: _Parenthesised) -> None:  # (ast.NodeVisitor's naming)
-        with self.delimit("(", ")"):
-            self.traverse(node.value)
-
-
-def _negative_exponents_as_numbers(tree: ast.AST) -> ast.AST:
-    """``tree``, changed in place, with a negated number exponent as a negative number:
-    ast.unparse parenthesises the negation, x ** (-2.0), where the printer and black write
-    x**-2.0. (The value is the same: the rewrite's trees may keep the change.)"""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-            if isinstance(node.right, ast.UnaryOp) and isinstance(node.right.operand, ast.Constant):
-                number = _number(node.right)
-                if number is not None:
-                    node.right = ast.Constant(number)
-    return tree
+    return Parenthesized(node) if chain else node
 
 
 def _method_call(receiver: ast.expr, method: str, *args: ast.expr, **numbers: float) -> ast.Call:

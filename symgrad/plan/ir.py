@@ -3,8 +3,9 @@
 A :class:`Method` keeps apart what later decisions need to see: the tensors it unpacks from
 ``ctx``, the float16 widening, the body statements, the values it returns and how those
 are rounded back. The float16 policy (:mod:`.dtype`), the buffer reuse (:mod:`.inplace`)
-and the helper needs (:attr:`Method.helpers`) are decided on these fields; ``lines`` and
-``returns`` print them for the templates, and nothing reads those back.
+and the helper needs (:attr:`Method.helpers`) are decided on these fields. Expressions are
+syntax trees (:mod:`symgrad.codegen.syntax`); ``lines`` and ``returns`` print them for the
+templates, and nothing reads those back.
 """
 
 from __future__ import annotations
@@ -12,30 +13,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+from ..codegen.syntax import Code, call, parens, source, starred, tuple_of, unary
+
 INDENT = "    "
 
 
 @dataclass(frozen=True)
 class Assign:
-    """``target = value``: ``value`` printed by the printer or built by the plan."""
+    """``target = value``: ``value`` built by the printer or by the plan. ``target`` is the
+    plan's own: a name, ``ctx.<attribute>``, names to unpack, or ``a = b`` (both set)."""
 
     target: str
-    value: str
+    value: Code
     helpers: frozenset[str] = frozenset()  # the module-level helpers ``value`` calls
 
     def render(self) -> list[str]:
-        return [f"{self.target} = {self.value}"]
+        return [f"{self.target} = {source(self.value)}"]
 
 
 @dataclass(frozen=True)
 class Line:
-    """A statement that computes nothing to rewrite: a call on ctx, a helper call."""
+    """A call that computes nothing to rewrite: a call on ctx, a helper call."""
 
-    text: str
+    code: Code
     helpers: frozenset[str] = frozenset()
 
     def render(self) -> list[str]:
-        return [self.text]
+        return [source(self.code)]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A body with nothing to do."""
+
+    def render(self) -> list[str]:
+        return ["pass"]
 
 
 @dataclass(frozen=True)
@@ -50,10 +62,10 @@ class Comment:
 class Return:
     """An early return inside a block (create_graph's branch of backward)."""
 
-    values: tuple[str, ...]
+    values: tuple[Code, ...]
 
     def render(self) -> list[str]:
-        return [f"return {', '.join(self.values)}"]
+        return [f"return {', '.join(source(v) for v in self.values)}"]
 
 
 @dataclass(frozen=True)
@@ -72,10 +84,11 @@ class Widen:
 
     def render(self) -> list[str]:
         lines = [f"{name} = _half_of({', '.join(tensors)})" for name, tensors in self.decisions]
-        call = f"_float32_for_half({', '.join(self.names)}"
+        # (Printed from the names: ``also``'s trailing comma is black's cue to split the call.)
+        widening = f"_float32_for_half({', '.join(self.names)}"
         if self.decisions:
-            call += f", also=({', '.join(name for name, _ in self.decisions)},)"
-        lines.append(f"{', '.join(self.names)}, {self.half} = {call})")
+            widening += f", also=({', '.join(name for name, _ in self.decisions)},)"
+        lines.append(f"{', '.join(self.names)}, {self.half} = {widening})")
         return lines
 
 
@@ -83,12 +96,12 @@ class Widen:
 class If:
     """``if condition:`` over ``body``, ``else:`` over ``orelse`` where there is one."""
 
-    condition: str
+    condition: Code
     body: tuple["Statement", ...]
     orelse: tuple["Statement", ...] = ()
 
     def render(self) -> list[str]:
-        lines = [f"if {self.condition}:", *(INDENT + line for line in render_statements(self.body))]
+        lines = [f"if {source(self.condition)}:", *(INDENT + line for line in render_statements(self.body))]
         if self.orelse:
             lines += ["else:", *(INDENT + line for line in render_statements(self.orelse))]
         return lines
@@ -103,7 +116,7 @@ class FirstOrderBranch:
     formula: tuple["Statement", ...]
 
     def as_if(self) -> If:
-        return If("not torch.is_grad_enabled()", self.kernel, self.formula)
+        return If(unary("not", call("torch.is_grad_enabled")), self.kernel, self.formula)
 
     def render(self) -> list[str]:
         return self.as_if().render()
@@ -116,13 +129,13 @@ class CreateGraphBranch:
     body: tuple["Statement", ...]
 
     def as_if(self) -> If:
-        return If("torch.is_grad_enabled()", self.body)
+        return If(call("torch.is_grad_enabled"), self.body)
 
     def render(self) -> list[str]:
         return self.as_if().render()
 
 
-Statement = Union[Assign, Line, Comment, Return, Widen, If, FirstOrderBranch, CreateGraphBranch]
+Statement = Union[Assign, Line, Pass, Comment, Return, Widen, If, FirstOrderBranch, CreateGraphBranch]
 
 
 def render_statements(statements: tuple[Statement, ...] | list[Statement]) -> list[str]:
@@ -153,16 +166,22 @@ class Rounding:
     count: int | None = None
     halves: tuple[str, ...] = ()
 
-    def apply(self, values: tuple[str, ...]) -> str:
+    def apply(self, values: tuple[Code, ...]) -> Code:
+        """The returned expression: ``values`` rounded back (a tuple where there are several)."""
         half, halves = self.half, self.halves
         count = len(values) if self.count is None else min(self.count, len(values))
         if any(h != half for h in halves[:count]):
-            each = [f"_round_to({halves[k] if k < len(halves) else half}, {v})" for k, v in enumerate(values[:count])]
-            return ", ".join([*each, *values[count:]])
+            each = [call("_round_to", halves[k] if k < len(halves) else half, v) for k, v in enumerate(values[:count])]
+            return _returned([*each, *values[count:]])
         if count == len(values):
-            return f"_round_to({half}, {', '.join(values)})"
-        call = f"_round_to({half}, {', '.join(values[:count])})"
-        return ", ".join([call if count == 1 else f"*{call}", *values[count:]])
+            return call("_round_to", half, *values)
+        rounded = call("_round_to", half, *values[:count])
+        return _returned([rounded if count == 1 else starred(rounded), *values[count:]])
+
+
+def _returned(values: list[Code]) -> Code:
+    """What ``return`` gives back: one value, or a tuple of several."""
+    return values[0] if len(values) == 1 else tuple_of(*values)
 
 
 @dataclass(frozen=True)
@@ -175,11 +194,11 @@ class Method:
 
     params: tuple[str, ...]
     body: tuple[Statement, ...] = ()
-    values: tuple[str, ...] = ()
+    values: tuple[Code, ...] = ()
     unpack: Unpack | None = None
     widen: Widen | None = None
     rounding: Rounding | None = None
-    # Helpers that ``values`` call (printed expressions).
+    # Helpers that ``values`` call.
     value_helpers: frozenset[str] = field(default=frozenset())
     # Whether the returned tuple is printed in parentheses (as the buffer-reuse rewrite
     # prints a tuple it changed).
@@ -197,11 +216,19 @@ class Method:
         return tuple(head + render_statements(self.statements))
 
     @property
-    def returns(self) -> str:
+    def result(self) -> Code | None:
+        """The returned expression (a tuple where it returns several values), or None."""
+        if not self.values:
+            return None
         if self.rounding is not None:
             return self.rounding.apply(self.values)
-        joined = ", ".join(self.values)
-        return f"({joined})" if self.parenthesised else joined
+        returned = _returned(list(self.values))
+        return parens(returned) if self.parenthesised else returned
+
+    @property
+    def returns(self) -> str:
+        result = self.result
+        return "" if result is None else source(result)
 
     @property
     def helpers(self) -> frozenset[str]:

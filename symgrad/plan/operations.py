@@ -2,7 +2,8 @@
 
 The fused runner compares the count with the tensors' size to decide whether a compiled
 call pays, and the float16 policy widens only bodies of more than one kernel. Each
-statement's expression is counted on its own (every branch counts, taken or not).
+statement's expression is counted on its own (every branch counts, taken or not), on the
+syntax tree the plan holds, as Python's parser would give it (:func:`symgrad.codegen.syntax.plain`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,21 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from .ir import Assign, Comment, CreateGraphBranch, FirstOrderBranch, If, Line, Method, Return, Unpack, Widen, walk
+from ..codegen.syntax import Code, dotted_name, plain
+from .ir import (
+    Assign,
+    Comment,
+    CreateGraphBranch,
+    FirstOrderBranch,
+    If,
+    Line,
+    Method,
+    Pass,
+    Return,
+    Unpack,
+    Widen,
+    walk,
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +55,7 @@ def count_method(method: Method, scalars: frozenset[str] = frozenset()) -> Count
     """The operations of ``method``: its unpacking, statements and returned values."""
     total = count_unpack(method.unpack)
     total += count_statements(method.statements, scalars)
-    return total + _count_expression(method.returns, scalars) if method.values else total
+    return total + _count_expression(method.result, scalars) if method.values else total
 
 
 def count_unpack(unpack: Unpack | None) -> Count:
@@ -56,22 +71,23 @@ def count_statements(statements, scalars: frozenset[str] = frozenset()) -> Count
         if isinstance(statement, Assign):
             total += _count_expression(statement.value, scalars)
         elif isinstance(statement, Line):
-            total += _count_expression(statement.text, scalars)
+            total += _count_expression(statement.code, scalars)
         elif isinstance(statement, Return):
-            total += _count_expression(", ".join(statement.values), scalars)
+            for value in statement.values:
+                total += _count_expression(value, scalars)
         elif isinstance(statement, (If, FirstOrderBranch, CreateGraphBranch)):
             block = statement if isinstance(statement, If) else statement.as_if()
             total += _count_expression(block.condition, scalars)
             total += count_statements(block.body, scalars) + count_statements(block.orelse, scalars)
         elif isinstance(statement, Widen):
             raise ValueError("operations are counted before float16 widening")
-        elif not isinstance(statement, Comment):
+        elif not isinstance(statement, (Comment, Pass)):
             raise TypeError(f"unknown statement {statement!r}")
     return total
 
 
-def _count_expression(text: str, scalars: frozenset[str]) -> Count:
-    tree = ast.parse(text, mode="eval")
+def _count_expression(code: Code, scalars: frozenset[str]) -> Count:
+    tree = plain(code)
 
     def is_scalar(node: ast.AST) -> bool:
         if isinstance(node, ast.Constant):
@@ -160,10 +176,9 @@ def every_value_is_one_operation(body: Method) -> bool:
             return False
         assigned[statement.target] = statement
 
-    def cost(text: str, seen: set[str]) -> int:
-        tree = ast.parse(text, mode="eval")
-        total = _count_expression(text, frozenset()).kernels
-        for name in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
+    def cost(code: Code, seen: set[str]) -> int:
+        total = _count_expression(code, frozenset()).kernels
+        for name in sorted({n.id for n in ast.walk(code) if isinstance(n, ast.Name)}):
             if name in assigned and name not in seen:
                 seen.add(name)
                 total += cost(assigned[name].value, seen)
@@ -173,11 +188,12 @@ def every_value_is_one_operation(body: Method) -> bool:
 
 
 def calls(body: Method) -> set[str]:
-    """The functions ``body`` calls, by their dotted names."""
+    """The functions ``body`` calls, by their dotted names (not a method of an expression's
+    value, ``(a * b).sum``)."""
     found: set[str] = set()
-    texts = [s.value for s in _assigns(body)] + ([body.returns] if body.values else [])
-    for text in texts:
-        found |= {ast.unparse(n.func) for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Call)}
+    codes = [s.value for s in _assigns(body)] + ([body.result] if body.values else [])
+    for code in codes:
+        found |= {dotted_name(n.func) for n in ast.walk(plain(code)) if isinstance(n, ast.Call)} - {None}
     return found
 
 
@@ -186,9 +202,9 @@ def _assigns(body: Method):
         if isinstance(statement, Assign):
             yield statement
         elif isinstance(statement, Line):
-            yield Assign("_", statement.text)
+            yield Assign("_", statement.code)
         elif isinstance(statement, Return):
-            yield Assign("_", ", ".join(statement.values))
+            yield from (Assign("_", value) for value in statement.values)
         elif isinstance(statement, If):
             yield Assign("_", statement.condition)
         elif isinstance(statement, (FirstOrderBranch, CreateGraphBranch)):

@@ -15,8 +15,9 @@ import sympy
 
 from ..derive import Derivation
 from ..math.simplify import op_count
+from ..codegen.syntax import Code, attribute, call, compare, if_else, method, name, source, starred, string, tuple_of
 from .code import unpack_target
-from .ir import Assign, Comment, Line, Method, Statement, Unpack, render_statements
+from .ir import Assign, Comment, Line, Method, Pass, Statement, Unpack, render_statements
 from .names import Names
 
 
@@ -87,7 +88,7 @@ class Saving:
             for s in kept
         }
 
-    def whole(self, saved: list[sympy.Symbol]) -> str | None:
+    def whole(self, saved: list[sympy.Symbol]) -> Code | None:
         """``*inputs`` or ``output`` where ``saved`` is exactly that and nothing else needs
         their names (no number params, shapes or marked outputs); else None."""
         b = self.b
@@ -95,16 +96,16 @@ class Saving:
         if not plain or any(out.reduction for out in b.outputs):
             return None
         if saved == list(b.inputs):
-            return "*inputs"
+            return starred(name("inputs"))
         if b.n_out == 1 and saved == list(b.names.results):
-            return "output"
+            return name("output")
         return None
 
     def setup_context(self, saved: list[sympy.Symbol]) -> Method:
         b = self.b
         whole = self.whole(saved)
         if whole is not None and not b.speed:
-            return Method(("ctx", "inputs", "output"), (Line(f"ctx.save_for_backward({whole})"),))
+            return Method(("ctx", "inputs", "output"), (Line(method("ctx", "save_for_backward", whole)),))
         body: list[Statement] = []
         uses_inputs = (
             any(s in b.inputs for s in saved)
@@ -113,23 +114,23 @@ class Saving:
             or any(out.reduction and live for out, live in zip(b.outputs, b.live))
         )
         if uses_inputs:
-            body.append(Assign(unpack_target(b.forward_params()), "inputs"))
+            body.append(Assign(unpack_target(b.forward_params()), name("inputs")))
         results = [b.name(r) for r in b.names.results]
         elementwise_shapes = b.broadcasts and any(
             out.reduction is None and live for out, live in zip(b.outputs, b.live)
         )
         if any(r in saved for r in b.names.results) or not all(b.live) or elementwise_shapes:
-            body.append(Assign(unpack_target(results) if b.n_out > 1 else results[0], "output"))
+            body.append(Assign(unpack_target(results) if b.n_out > 1 else results[0], name("output")))
         dead = [results[i] for i, live in enumerate(b.live) if not live]
         if dead:
             body.append(Comment("Piecewise constant in every input: the derivative is zero almost everywhere."))
-            body.append(Line(f"ctx.mark_non_differentiable({', '.join(dead)})"))
+            body.append(Line(method("ctx", "mark_non_differentiable", *dead)))
         body += self.shape_lines()
         body += self.save_lines("save_for_backward", saved)
         if b.speed:
             body.append(Comment("An output that gets no gradient (a derivative, outside double backward) gets None."))
-            body.append(Line("ctx.set_materialize_grads(False)"))
-        return Method(("ctx", "inputs", "output"), tuple(body or [Line("pass")]))
+            body.append(Line(method("ctx", "set_materialize_grads", False)))
+        return Method(("ctx", "inputs", "output"), tuple(body or [Pass()]))
 
     def shape_attr(self, output: int) -> str:
         """The ctx attribute with output ``output``'s shape; for a reduction, the shape of
@@ -142,39 +143,44 @@ class Saving:
         body: list[Statement] = []
         if b.broadcasts:
             for symbol in b.inputs:
-                body.append(Assign(f"ctx.{b.name(symbol)}_shape", f"{b.name(symbol)}.shape"))
+                body.append(Assign(f"ctx.{b.name(symbol)}_shape", attribute(b.name(symbol), "shape")))
         for index, out in enumerate(b.outputs):
             if not b.live[index]:
                 continue
             result = b.name(b.names.results[index])
             if out.reduction is not None:
                 tensors = sorted(out.expr.free_symbols, key=lambda s: (b.inputs + b.params).index(s))
-                shapes = ", ".join(
-                    f"{b.name(s)}.shape" if s in b.inputs else f"getattr({b.name(s)}, 'shape', ())" for s in tensors
-                )
-                body.append(Assign(f"ctx.{self.shape_attr(index)}", f"torch.broadcast_shapes({shapes})"))
+                shapes = [
+                    attribute(b.name(s), "shape")
+                    if s in b.inputs
+                    else call("getattr", b.name(s), string("shape"), tuple_of())
+                    for s in tensors
+                ]
+                body.append(Assign(f"ctx.{self.shape_attr(index)}", call("torch.broadcast_shapes", *shapes)))
             elif b.broadcasts:
-                body.append(Assign(f"ctx.{result}_shape", f"{result}.shape"))
+                body.append(Assign(f"ctx.{result}_shape", attribute(result, "shape")))
         return body
 
     def save_parts(
-        self, method: str, saved_names: list[str], params: Sequence[sympy.Symbol] | None = None
-    ) -> tuple[list[Statement], list[str]]:
+        self, ctx_method: str, saved_names: list[str], params: Sequence[sympy.Symbol] | None = None
+    ) -> tuple[list[Statement], list[Code]]:
         """Statements that stash number params (default: saved_params) on ctx, and the tensors
-        ``method`` saves."""
+        ``ctx_method`` saves."""
         body: list[Statement] = []
-        tensors = list(saved_names)
+        tensors: list[Code] = [name(n) for n in saved_names]
         for param in self.saved_params() if params is None else params:
-            name = self.b.name(param)
-            if method == "save_for_backward":
-                body.append(Assign(f"ctx.{name}_number", f"None if isinstance({name}, torch.Tensor) else {name}"))
-            tensors.append(f"{name} if ctx.{name}_number is None else None")
+            param_name = self.b.name(param)
+            number = f"ctx.{param_name}_number"
+            if ctx_method == "save_for_backward":
+                is_tensor = call("isinstance", param_name, "torch.Tensor")
+                body.append(Assign(number, if_else(is_tensor, None, param_name)))
+            tensors.append(if_else(compare(number, "is", None), param_name, None))
         return body, tensors
 
-    def save_lines(self, method: str, saved: list[sympy.Symbol]) -> list[Statement]:
-        body, tensors = self.save_parts(method, [self.b.name(s) for s in saved])
+    def save_lines(self, ctx_method: str, saved: list[sympy.Symbol]) -> list[Statement]:
+        body, tensors = self.save_parts(ctx_method, [self.b.name(s) for s in saved])
         if tensors:
-            body.append(Line(f"ctx.{method}({', '.join(tensors)})"))
+            body.append(Line(method("ctx", ctx_method, *tensors)))
         return body
 
     def unpack_saved(
@@ -192,7 +198,7 @@ class Saving:
         b = self.b
         whole = self.whole(saved)
         if whole is not None and b.single_tangent():
-            return (f"ctx.save_for_forward({whole})",)
+            return (source(method("ctx", "save_for_forward", whole)),)
         body = self.save_lines("save_for_forward", saved)
         results = [b.name(r) for r in b.names.results]
         # With several tangents, an output none of the given ones reaches gets a zero tangent
@@ -200,13 +206,17 @@ class Saving:
         dtypes: list[Statement] = (
             []
             if b.single_tangent()
-            else [Assign(f"ctx.{results[i]}_dtype", f"{results[i]}.dtype") for i in range(b.n_out) if b.live[i]]
+            else [
+                Assign(f"ctx.{results[i]}_dtype", attribute(results[i], "dtype"))
+                for i in range(b.n_out)
+                if b.live[i]
+            ]
         )
         if not body and not dtypes:
             return ()
         unpack: list[Statement] = []
         if any(s in b.inputs for s in saved) or self.saved_params():
-            unpack.append(Assign(unpack_target(b.forward_params()), "inputs"))
+            unpack.append(Assign(unpack_target(b.forward_params()), name("inputs")))
         if any(r in saved for r in b.names.results) or dtypes:
-            unpack.append(Assign(unpack_target(results) if b.n_out > 1 else results[0], "output"))
+            unpack.append(Assign(unpack_target(results) if b.n_out > 1 else results[0], name("output")))
         return tuple(render_statements(unpack + dtypes + body))

@@ -9,7 +9,24 @@ import sympy
 from ..derive import autograd_loses_second_derivatives, exact_second_derivatives
 from ..errors import SymgradError
 from ..math.numbers import numbers_to_floats
-from .code import factor, is_one, sum_of_present, unpack_target
+from ..codegen.syntax import (
+    NONE,
+    Code,
+    attribute,
+    binop,
+    call,
+    compare,
+    generator,
+    joined,
+    method,
+    name,
+    parens,
+    starred,
+    string,
+    subscript,
+    tuple_of,
+)
+from .code import factor, is_one, sum_of, sum_of_present, unpack_target
 from .ir import Assign, Comment, CreateGraphBranch, If, Line, Method, Return, SecondDerivative, Statement
 from .names import derivative_class
 
@@ -110,23 +127,25 @@ class SecondDerivatives:
 
         def body(
             exprs: list[sympy.Expr], reference: str
-        ) -> tuple[list[Statement], list[str], list[sympy.Expr], frozenset[str]]:
+        ) -> tuple[list[Statement], list[Code], list[sympy.Expr], frozenset[str]]:
             """Statements, the printed values, the expressions they print, and their helpers."""
             b.reference = reference  # (a float tensor in scope, for the printer)
             temps, reduced = b.cse(exprs)
             statements = b.tensorize(exprs, reference) + [b.assign(t, e) for t, e in temps]
             return statements, [b.code(e) for e in reduced], reduced, b.helpers(*reduced)
 
-        def product(factor_name: str, k: int, j: int) -> str:
+        def product(factor_name: str, k: int, j: int) -> Code:
             entry = k * len(inputs) + j
-            return factor_name if is_one(hessian[k][j]) else f"{factor_name} * {factor(values[entry], printed[entry])}"
+            if is_one(hessian[k][j]):
+                return name(factor_name)
+            return joined(factor_name, "*", factor(values[entry], printed[entry]))
 
         statements, values, printed, helpers = body(gradients, inputs[0])
         returned = []
         for k, (value, gradient) in enumerate(zip(values, gradients)):
             # A new tensor each: forward-mode AD and torch.compile need that (dx of x*y is y).
-            if gradient.is_Symbol or value in values[:k]:
-                value = f"{value}.clone()"
+            if gradient.is_Symbol or printed[k] in printed[:k]:
+                value = method(value, "clone")
             returned.append(value)
         forward = Method(tuple(inputs + param_names), tuple(statements), tuple(returned), value_helpers=helpers)
 
@@ -138,41 +157,43 @@ class SecondDerivatives:
         if param_names:
             # A number param is kept on ctx; save_for_backward takes tensors only.
             stash, tensors = b.saving.save_parts("save_for_backward", inputs, params)
-            saved = ", ".join(tensors)
-            setup: list[Statement] = [Assign(unpack_target(inputs + param_names), "inputs"), *stash]
-            setup += [Line(f"ctx.save_for_backward({saved})"), Line(f"ctx.save_for_forward({saved})")]
+            setup: list[Statement] = [Assign(unpack_target(inputs + param_names), name("inputs")), *stash]
         else:
-            setup = [Line("ctx.save_for_backward(*inputs)"), Line("ctx.save_for_forward(*inputs)")]
+            tensors = [starred("inputs")]
+            setup = []
+        setup += [Line(method("ctx", "save_for_backward", *tensors)), Line(method("ctx", "save_for_forward", *tensors))]
         if several:
             # (For jvp: the zero tangent of a derivative that no given tangent reaches.)
-            dtypes = "tuple(d.dtype for d in output)" if optional_cotangents else "(output.dtype,)"
+            dtypes = call("tuple", generator(attribute("d", "dtype"), "d", "output")) if optional_cotangents else parens(tuple_of(attribute("output", "dtype")))
             setup.append(Assign("ctx.dtypes", dtypes))
         if optional_cotangents:
-            setup.append(Line("ctx.set_materialize_grads(False)"))
+            setup.append(Line(method("ctx", "set_materialize_grads", False)))
         setup_context = Method(("ctx", "inputs", "output"), tuple(setup))
         term = b.term() if several or optional_cotangents else None
 
         statements, values, printed, helpers = body(hessian_entries, inputs[0])
         grads = []
         for j, symbol in enumerate(symbols):
-            name = b.names.grads[b.inputs.index(symbol)]
+            grad = b.names.grads[b.inputs.index(symbol)]
             reaching = [k for k in range(len(cotangents)) if hessian[k][j] != 0]
             if not reaching:
-                grads.append("None")
+                grads.append(NONE)
                 continue
             if not (several or optional_cotangents):
                 grads.append(product(cotangents[reaching[0]], reaching[0], j))
                 continue
             added = {k: product(cotangents[k], k, j) for k in reaching}
             if several:
-                added = {k: f"({text}).sum_to_size({inputs[j]}.shape)" for k, text in added.items()}
+                shape = attribute(inputs[j], "shape")
+                added = {k: method(parens(code), "sum_to_size", shape) for k, code in added.items()}
             if optional_cotangents:
-                unset, *summed = sum_of_present(name, [(cotangents[k], added[k]) for k in reaching], term)
+                unset, *summed = sum_of_present(grad, [(cotangents[k], added[k]) for k in reaching], term)
             else:  # (one cotangent, never None)
-                unset, summed = Assign(name, "None"), [Assign(name, added[reaching[0]])]
-            statements += [unset, If(f"ctx.needs_input_grad[{j}]", tuple(_calling(summed, helpers)))]
-            grads.append(name)
-        grads += ["None"] * len(param_names)
+                unset, summed = Assign(grad, NONE), [Assign(grad, added[reaching[0]])]
+            needs = subscript("ctx.needs_input_grad", j)
+            statements += [unset, If(needs, tuple(_calling(summed, helpers)))]
+            grads.append(name(grad))
+        grads += [NONE] * len(param_names)
         backward = Method(("ctx",) + cotangents, tuple(statements), tuple(grads), unpack=unpack, value_helpers=helpers)
 
         everything = b.inputs + b.params
@@ -182,26 +203,25 @@ class SecondDerivatives:
         for k, gradient in enumerate(gradients):
             moving = [j for j in range(len(symbols)) if hessian[k][j] != 0]
             needed = [s for s in symbols + params if s in gradient.free_symbols]
-            shape = ", ".join(
-                f"{b.name(s)}.shape" if s in symbols else f"getattr({b.name(s)}, 'shape', ())" for s in needed
-            )
+            shapes = [
+                attribute(b.name(s), "shape") if s in symbols else call("getattr", b.name(s), string("shape"), tuple_of())
+                for s in needed
+            ]
             if not several:
                 pushed.append(product(tangents[0], k, 0))
                 continue
-            name = b.names.namer.claim(f"{derivatives[k]}_tangent")
+            tangent = b.names.namer.claim(f"{derivatives[k]}_tangent")
             statements += _calling(
-                sum_of_present(name, [(tangents[j], product(tangents[j], k, j)) for j in moving], term), helpers
+                sum_of_present(tangent, [(tangents[j], product(tangents[j], k, j)) for j in moving], term), helpers
             )
+            zero = call("torch.zeros", tuple_of(), dtype=subscript("ctx.dtypes", k), device=attribute(inputs[0], "device"))
             statements += [
-                If(
-                    f"{name} is None",
-                    (Assign(name, f"torch.zeros((), dtype=ctx.dtypes[{k}], device={inputs[0]}.device)"),),
-                ),
+                If(compare(tangent, "is", None), (Assign(tangent, zero),)),
                 # A term may not have the derivative's shape: it varies with another input
                 # piecewise-constantly (sign(y)), or that input's tangent was None.
-                Assign(name, f"{name}.expand(torch.broadcast_shapes({shape}))"),
+                Assign(tangent, method(tangent, "expand", call("torch.broadcast_shapes", *shapes))),
             ]
-            pushed.append(name)
+            pushed.append(name(tangent))
         jvp = Method(("ctx",) + tangents, tuple(statements), tuple(pushed), unpack=unpack, value_helpers=helpers)
         return SecondDerivative(
             class_name=derivative_class(b.p.spec.name),
@@ -242,7 +262,7 @@ class SecondDerivatives:
             return CreateGraphBranch(tuple(body))
         for j, symbol in enumerate(b.inputs):
             grad = b.names.grads[j]
-            body.append(Assign(grad, "None"))
+            body.append(Assign(grad, NONE))
             chosen = [symbols.get((i, jj), expr) for (i, jj), expr in zip(entries, exprs) if jj == j]
             terms = [b.backward_term(i, symbols.get((i, jj), expr)) for (i, jj), expr in zip(entries, exprs) if jj == j]
             if not terms:
@@ -250,16 +270,17 @@ class SecondDerivatives:
             if b.broadcasts:
                 # Each term on its own: the outputs can differ in shape.
                 shape = b.ctx_ref(b.name(symbol) + "_shape")
-                terms = [f"({term}).sum_to_size({shape})" for term in terms]
-            body.append(If(f"ctx.needs_input_grad[{j}]", (Assign(grad, " + ".join(terms), b.helpers(*chosen)),)))
-        body.append(Return(tuple(b.names.grads) + ("None",) * len(b.params)))
+                terms = [method(parens(term), "sum_to_size", shape) for term in terms]
+            needs = subscript("ctx.needs_input_grad", j)
+            body.append(If(needs, (Assign(grad, sum_of(terms), b.helpers(*chosen)),)))
+        body.append(Return(tuple(name(g) for g in b.names.grads) + (NONE,) * len(b.params)))
         return CreateGraphBranch(tuple(body))
 
     def call(self) -> Assign:
         """The statement that gets the derivatives SecondDerivative returns, by their names."""
         second = self.b.second
         targets = unpack_target(second.derivatives) if len(second.derivatives) > 1 else second.derivatives[0]
-        return Assign(targets, f"{second.class_name}.apply({', '.join(second.inputs + second.params)})")
+        return Assign(targets, call(f"{second.class_name}.apply", *second.inputs, *second.params))
 
 
 def _calling(statements: list[Statement], helpers: frozenset[str]) -> list[Statement]:
@@ -272,3 +293,4 @@ def _calling(statements: list[Statement], helpers: frozenset[str]) -> list[State
             statement = If(statement.condition, tuple(_calling(list(statement.body), helpers)), statement.orelse)
         result.append(statement)
     return result
+

@@ -25,6 +25,7 @@ from typing import Callable
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p
 
+from ..codegen.syntax import Code, call, method, name
 from ..math.functions import log_sigmoid, mish, sigmoid, silu, softplus
 
 
@@ -41,12 +42,17 @@ _SIZE_FACTOR = 4
 @dataclass(frozen=True)
 class Kernel:
     """One ATen backward kernel: the function whose derivative it computes (of an argument
-    ``u``), that derivative, and the call, as a format string of the upstream gradient
-    ``{grad}`` and ``{u}``."""
+    ``u``), that derivative, and the call, built from the code of the upstream gradient and
+    of ``u`` (syntax trees)."""
 
     function: str
     derivative: Callable[[sympy.Expr], sympy.Expr]
-    call: str
+    call: Callable[[Code, Code], Code]
+
+
+def _softplus_backward(grad: Code, u: Code, beta: float) -> Code:
+    """ATen's softplus_backward at our softplus threshold, 40 (printer.PRINTERS)."""
+    return call("torch.ops.aten.softplus_backward", grad, u, beta, 40.0)
 
 
 # Each computes the upstream gradient times the derivative in fewer passes over memory
@@ -57,9 +63,9 @@ class Kernel:
 KERNELS = (
     # d/du softplus(u) = sigmoid(u): g*z/(z + 1) with z = exp(u), and g itself above the
     # threshold, where sigmoid(u) is 1 in float64 already (1 - 4e-18 at 40).
-    Kernel("softplus", sigmoid, "torch.ops.aten.softplus_backward({grad}, {u}, 1.0, 40.0)"),
+    Kernel("softplus", sigmoid, lambda grad, u: _softplus_backward(grad, u, 1.0)),
     # d/du u*sigmoid(u) = s*(1 + u*(1 - s)): the formula symgrad prints, in one kernel.
-    Kernel("silu", lambda u: silu(u).fdiff(), "torch.ops.aten.silu_backward({grad}, {u})"),
+    Kernel("silu", lambda u: silu(u).fdiff(), lambda grad, u: call("torch.ops.aten.silu_backward", grad, u)),
     # d/du sigmoid(u) = sigmoid(u)*sigmoid(-u): softplus_backward with beta = -1 computes
     # g*sigmoid(-u) as g*z/(z + 1) with z = exp(-u), accurate on both sides as softplus's,
     # so two calls give the product in two passes (11.2 ms at 1e7, against 15.1 for
@@ -68,7 +74,7 @@ KERNELS = (
     Kernel(
         "sigmoid",
         lambda u: sigmoid(u) * sigmoid(-u),
-        "torch.ops.aten.softplus_backward(torch.ops.aten.softplus_backward({grad}, {u}, 1.0, 40.0), {u}, -1.0, 40.0)",
+        lambda grad, u: _softplus_backward(_softplus_backward(grad, u, 1.0), u, -1.0),
     ),
     # d/du tanh(u) = 1/cosh(u)**2 = 4*sigmoid(2u)*sigmoid(-2u), likewise with beta = 2 and
     # -2, and a scaling in place (13.4 ms against 17.1 for sigmoid_backward of
@@ -77,7 +83,7 @@ KERNELS = (
     Kernel(
         "tanh",
         lambda u: sympy.cosh(u) ** -2,
-        "torch.ops.aten.softplus_backward(torch.ops.aten.softplus_backward({grad}, {u}, 2.0, 40.0), {u}, -2.0, 40.0).mul_(4)",
+        lambda grad, u: method(_softplus_backward(_softplus_backward(grad, u, 2.0), u, -2.0), "mul_", 4),
     ),
     # d/du u*tanh(softplus(u)): mish_backward computes tanh(sp) + u*s*(1 - tanh(sp)**2) with
     # sp = log1p(exp(u)) and s = sigmoid(u), as symgrad's formula does, where the formula
@@ -89,7 +95,7 @@ KERNELS = (
     Kernel(
         "mish",
         lambda u: mish(u).fdiff(),
-        "torch.ops.aten.mish_backward({grad}, {u})",
+        lambda grad, u: call("torch.ops.aten.mish_backward", grad, u),
     ),
 )
 
@@ -101,8 +107,8 @@ class KernelCall:
     kernel: Kernel
     argument: sympy.Expr
 
-    def code(self, grad: str, print_expr: Callable[[sympy.Expr], str]) -> str:
-        return self.kernel.call.format(grad=grad, u=print_expr(self.argument))
+    def code(self, grad: str, print_expr: Callable[[sympy.Expr], Code]) -> Code:
+        return self.kernel.call(name(grad), print_expr(self.argument))
 
 
 def whole_gradient_kernel(
