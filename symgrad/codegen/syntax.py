@@ -331,6 +331,8 @@ def _bare(node: ast.AST) -> str:
     if isinstance(node, ast.Constant):
         if isinstance(node.value, str):
             return '"' + node.value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if node.value is Ellipsis:
+            return "..."
         return repr(node.value)
     if isinstance(node, ast.Attribute):
         return f"{_text(node.value, _ATOM)}.{node.attr}"
@@ -344,7 +346,10 @@ def _bare(node: ast.AST) -> str:
         return "*" + _text(node.value, _BOR)
     if isinstance(node, ast.Subscript):
         index = node.slice
-        inside = _tuple_text(index) if isinstance(index, ast.Tuple) and index.elts else _bare_slice(index)
+        if isinstance(index, ast.Tuple) and index.elts:  # (x[..., 0, :]: slices among the elements)
+            inside = ", ".join(_bare_slice(e) for e in index.elts) + ("," if len(index.elts) == 1 else "")
+        else:
+            inside = _bare_slice(index)
         return f"{_text(node.value, _ATOM)}[{inside}]"
     if isinstance(node, ast.BinOp):
         level = _BINARY_LEVEL[type(node.op)]

@@ -14,9 +14,12 @@ elementwise, so :mod:`symgrad.derive.rowwise` differentiates them by their adjoi
 
 from __future__ import annotations
 
+import ast
 from typing import ClassVar
 
 import sympy
+
+from ..codegen.syntax import Code, attribute, binop, call, compare, method, number, parens, starred, subscript, tuple_of
 
 # A whole-tensor reduction's dims: every dim, and the result is 0-d.
 WHOLE = sympy.Tuple()
@@ -32,9 +35,15 @@ def dims_tuple(dims: int | tuple[int, ...] | sympy.Tuple) -> sympy.Tuple:
 
 
 def print_dims(dims: sympy.Tuple) -> str:
-    """A dims tuple as torch's ``dim=`` argument: ``-1`` or ``(-2, -1)``."""
+    """A dims tuple as the docstring shows it: ``-1`` or ``(-2, -1)``."""
     values = [int(d) for d in dims]
     return str(values[0]) if len(values) == 1 else "(" + ", ".join(map(str, values)) + ")"
+
+
+def dims_code(dims: sympy.Tuple) -> Code:
+    """A dims tuple as torch's ``dim=`` argument: ``-1`` or ``(-2, -1)``."""
+    values = [number(int(d)) for d in dims]
+    return values[0] if len(values) == 1 else tuple_of(*values)
 
 
 class RowFunction(sympy.Function):
@@ -70,11 +79,11 @@ class RowFunction(sympy.Function):
         """This node's tangent, given the operand's."""
         raise NotImplementedError
 
-    def _symgrad_torch(self, printer) -> str:
+    def _symgrad_torch(self, printer) -> Code:
         operand = printer._print(self.operand)
         if not self.dims:
-            return f"torch.{self.torch_name}({operand})"
-        return f"torch.{self.torch_name}({operand}, dim={print_dims(self.dims)}, keepdim=True)"
+            return call(f"torch.{self.torch_name}", operand)
+        return call(f"torch.{self.torch_name}", operand, dim=dims_code(self.dims), keepdim=True)
 
     def _sympystr(self, printer) -> str:
         name = self.torch_name.split(".")[-1]
@@ -145,12 +154,12 @@ class LogSumExp(Reduction):
     def jvp(self, tangent):
         return ReduceSum(sympy.exp(self.operand - self) * tangent, self.dims)
 
-    def _symgrad_torch(self, printer) -> str:
+    def _symgrad_torch(self, printer) -> Code:
         operand = printer._print(self.operand)
         if not self.dims:
             # (torch.logsumexp needs a dim: the flattened tensor's only one gives a 0-d result)
-            return f"torch.logsumexp({_operand(printer, self.operand)}.flatten(), 0)"
-        return f"torch.logsumexp({operand}, dim={print_dims(self.dims)}, keepdim=True)"
+            return call("torch.logsumexp", method(operand, "flatten"), 0)
+        return call("torch.logsumexp", operand, dim=dims_code(self.dims), keepdim=True)
 
 
 class Norm(Reduction):
@@ -182,8 +191,8 @@ class Softmax(RowFunction):
     def jvp(self, tangent):
         return self * (tangent - ReduceSum(tangent * self, self.dims))
 
-    def _symgrad_torch(self, printer) -> str:
-        return f"torch.{self.torch_name}({printer._print(self.operand)}, {print_dims(self.dims)})"
+    def _symgrad_torch(self, printer) -> Code:
+        return call(f"torch.{self.torch_name}", printer._print(self.operand), dims_code(self.dims))
 
 
 class LogSoftmax(Softmax):
@@ -217,9 +226,9 @@ class Gather(RowFunction):
     def jvp(self, tangent):
         return Gather(tangent, self.index)
 
-    def _symgrad_torch(self, printer) -> str:
+    def _symgrad_torch(self, printer) -> Code:
         index = printer._print(self.index)
-        return f"torch.gather({printer._print(self.operand)}, -1, {index}.unsqueeze(-1))"
+        return call("torch.gather", printer._print(self.operand), -1, method(index, "unsqueeze", -1))
 
     def _sympystr(self, printer) -> str:
         return f"gather({printer._print(self.operand)}, {printer._print(self.index)})"
@@ -249,8 +258,10 @@ class Chunk(RowFunction):
     def jvp(self, tangent):
         return Chunk(tangent, *self.args[1:])
 
-    def _symgrad_torch(self, printer) -> str:
-        return f"{_operand(printer, self.operand)}.unflatten(-1, ({self.count}, -1))[..., {self.index}, :]"
+    def _symgrad_torch(self, printer) -> Code:
+        chunks = method(printer._print(self.operand), "unflatten", -1, tuple_of(self.count, -1))
+        # (Ellipsis and a full slice: syntax has no builders of their own)
+        return subscript(chunks, tuple_of(ast.Constant(...), self.index, ast.Slice()))
 
     def _sympystr(self, printer) -> str:
         return f"chunk({printer._print(self.operand)}, {self.count}, {self.index})"
@@ -260,11 +271,11 @@ class ChunkCat(sympy.Function):
     """The ``n`` chunks' gradients side by side along the last dim (a chunk no output reads
     gets zeros): the gradient of the input they were cut from."""
 
-    def _symgrad_torch(self, printer) -> str:
+    def _symgrad_torch(self, printer) -> Code:
         pieces = [printer._print(a) if a != 0 else None for a in self.args]
         like = next(p for p in pieces if p is not None)
-        filled = [p if p is not None else f"torch.zeros_like({like})" for p in pieces]
-        return f"torch.cat(({', '.join(filled)}), -1)"
+        filled = [p if p is not None else call("torch.zeros_like", like) for p in pieces]
+        return call("torch.cat", tuple_of(*filled), -1)
 
     def _sympystr(self, printer) -> str:
         return f"cat({', '.join(printer._print(a) for a in self.args)})"
@@ -281,25 +292,24 @@ class Count(sympy.Function):
     is_integer = True
     is_positive = True
 
-    def _symgrad_torch(self, printer) -> str:
+    def _symgrad_torch(self, printer) -> Code:
         operand, dims = self.args
         leaves = _leaves(operand, frozenset())
         if not leaves:
-            return "1"
+            return number(1)
         fewest = min((leaf.reduced for leaf in leaves), key=lambda d: (len(d), sorted(d)))
         deciding = sorted({leaf for leaf in leaves if leaf.reduced == fewest}, key=lambda leaf: leaf.name)
         if len(deciding) == 1 and deciding[0].gathered and not dims and not fewest:
-            return f"{deciding[0].name}.numel()"  # (one value per row of the gather's index)
+            return method(deciding[0].name, "numel")  # (one value per row of the gather's index)
         shapes = [leaf.shape for leaf in deciding]
-        shape = shapes[0] if len(shapes) == 1 else f"torch.broadcast_shapes({', '.join(shapes)})"
+        shape = shapes[0] if len(shapes) == 1 else call("torch.broadcast_shapes", *shapes)
         if not dims:
-            total = f"{deciding[0].name}.numel()" if len(deciding) == 1 and not deciding[0].gathered else f"torch.Size({shape}).numel()"
-            reduced = [f"{shape}[{d}]" for d in sorted(fewest)]
-            return total if not reduced else f"{total} // ({' * '.join(reduced)})"
-        sizes = [f"{shape}[{int(d)}]" for d in dims if int(d) not in fewest]
-        if not sizes:
-            return "1"
-        return sizes[0] if len(sizes) == 1 else "(" + " * ".join(sizes) + ")"
+            alone = len(deciding) == 1 and not deciding[0].gathered
+            total = method(deciding[0].name, "numel") if alone else method(call("torch.Size", shape), "numel")
+            reduced = [subscript(shape, d) for d in sorted(fewest)]
+            return total if not reduced else _binary_chain(total, "//", [_product(reduced)])
+        sizes = [subscript(shape, int(d)) for d in dims if int(d) not in fewest]
+        return _product(sizes) if sizes else number(1)
 
     def _sympystr(self, printer) -> str:
         return f"count({printer._print(self.args[0])}, {print_dims(self.args[1])})"
@@ -314,8 +324,9 @@ class _Leaf(tuple):
     reduced = property(lambda self: self[2])
 
     @property
-    def shape(self) -> str:
-        return f"(*{self.name}.shape, 1)" if self.gathered else f"{self.name}.shape"
+    def shape(self) -> Code:
+        shape = attribute(self.name, "shape")
+        return tuple_of(starred(shape), 1) if self.gathered else shape
 
 
 def _leaves(expr: sympy.Basic, reduced: frozenset) -> list[_Leaf]:
@@ -345,15 +356,13 @@ class Scatter(sympy.Function):
     def fdiff(self, argindex=1):
         raise TypeError("Scatter is not elementwise")
 
-    def _symgrad_torch(self, printer) -> str:
+    def _symgrad_torch(self, printer) -> Code:
         values, index, like = self.args
         full = sorted((s for s in like.free_symbols), key=str)
         anchor = printer._print(full[0])
-        index_text = printer._print(index)
-        return (
-            f"torch.zeros_like({anchor}).scatter(-1, {index_text}.unsqueeze(-1),"
-            f" {_operand(printer, values)}.expand(*{index_text}.shape, 1))"
-        )
+        index_code = printer._print(index)
+        expanded = method(printer._print(values), "expand", starred(attribute(index_code, "shape")), 1)
+        return method(call("torch.zeros_like", anchor), "scatter", -1, method(index_code, "unsqueeze", -1), expanded)
 
     def _sympystr(self, printer) -> str:
         return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
@@ -367,27 +376,22 @@ class IsEqual(sympy.Function):
     def fdiff(self, argindex=1):
         return sympy.S.Zero
 
-    def _symgrad_torch(self, printer) -> str:
-        return f"({printer._print(self.args[0])} == {printer._print(self.args[1])})"
+    def _symgrad_torch(self, printer) -> Code:
+        return parens(compare(printer._print(self.args[0]), "==", printer._print(self.args[1])))
 
 
-class OneHot(sympy.Function):
-    """1 at the class ``t`` picks along the last dim of ``like``, 0 elsewhere."""
-
-    is_nonnegative = True
-
-    def fdiff(self, argindex=1):
-        return sympy.S.Zero
-
-    def _symgrad_torch(self, printer) -> str:
-        index, like = self.args
-        classes = Count(like, dims_tuple(-1))._symgrad_torch(printer)
-        return f"torch.nn.functional.one_hot({printer._print(index)}, {classes})"
+def _product(factors: list) -> Code:
+    product = factors[0]
+    for factor in factors[1:]:
+        product = binop(product, "*", factor)
+    return product if len(factors) == 1 else parens(product)
 
 
-def _operand(printer, expr: sympy.Expr) -> str:
-    text = printer._print(expr)
-    return text if expr.is_Symbol or isinstance(expr, sympy.Function) else f"({text})"
+def _binary_chain(first, op: str, rest: list) -> Code:
+    result = first
+    for item in rest:
+        result = binop(result, op, item)
+    return result
 
 
 ROW_FUNCTIONS = (ReduceSum, ReduceMean, ReduceMax, ReduceMin, LogSumExp, Norm, Softmax, LogSoftmax, Gather, Chunk)

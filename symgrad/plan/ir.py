@@ -59,6 +59,16 @@ class Comment:
 
 
 @dataclass(frozen=True)
+class Raise:
+    """``raise`` of an exception: a call the module refuses (a --vjp module's jvp)."""
+
+    exception: Code
+
+    def render(self) -> list[str]:
+        return [f"raise {source(self.exception)}"]
+
+
+@dataclass(frozen=True)
 class Return:
     """An early return inside a block (create_graph's branch of backward)."""
 
@@ -135,7 +145,7 @@ class CreateGraphBranch:
         return self.as_if().render()
 
 
-Statement = Union[Assign, Line, Pass, Comment, Return, Widen, If, FirstOrderBranch, CreateGraphBranch]
+Statement = Union[Assign, Line, Pass, Comment, Raise, Return, Widen, If, FirstOrderBranch, CreateGraphBranch]
 
 
 def render_statements(statements: tuple[Statement, ...] | list[Statement]) -> list[str]:

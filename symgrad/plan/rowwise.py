@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..codegen.printer import print_torch
+from ..codegen.printer import print_tree
+from ..codegen.syntax import NONE, Code, attribute, call, compare, if_else, method, name, string, unary
 from ..derive.rowwise import EVERY, jvp, reduced_dims, vjp
 from ..math.reductions import (
     Count,
@@ -33,12 +34,13 @@ from ..math.reductions import (
     RowFunction,
     Softmax,
     WHOLE,
+    dims_code,
     print_dims,
 )
 from ..frontend.parse import Parsed
 from ..naming import snake_case
 from .assemble import _with_helpers
-from .ir import Assign, Comment, If, Line, Method, Plan, Return, Unpack
+from .ir import Assign, Comment, If, Line, Method, Plan, Raise, Return, Unpack, render_statements
 
 
 @dataclass(frozen=True)
@@ -176,10 +178,10 @@ class _Planner:
             surrogate=bool(self.p.vjps),
         ))
 
-    def print(self, expr: sympy.Expr) -> str:
-        return print_torch(expr, self.names)
+    def print(self, expr: sympy.Expr) -> Code:
+        return print_tree(expr, self.names)
 
-    def body(self, exprs: list[sympy.Expr], prefix: str = "t") -> tuple[list[Assign], list[str]]:
+    def body(self, exprs: list[sympy.Expr], prefix: str = "t") -> tuple[list[Assign], list[Code]]:
         """CSE'd assignments and the printed values of ``exprs``."""
         statements, reduced = self.cse(exprs, prefix)
         return statements, [self.print(e) for e in reduced]
@@ -193,21 +195,19 @@ class _Planner:
             statements.append(Assign(symbol.name, self.print(value)))
         return statements, list(reduced)
 
-    def squeezed(self, expr: sympy.Expr, dims) -> str:
+    def squeezed(self, expr: sympy.Expr, dims) -> Code:
         """``expr`` printed, with the size-1 ``dims`` of a reduced output dropped."""
-        text = self.print(expr)
+        code = self.print(expr)
         if dims == EVERY or not dims:
-            return text
-        # (a name or one call is an operand as it is)
-        atom = expr.is_Symbol or isinstance(expr, (RowFunction, sympy.exp, sympy.log))
-        return f"{text if atom else f'({text})'}.squeeze({print_dims(_tuple(dims))})"
+            return code
+        return method(code, "squeeze", dims_code(_tuple(dims)))
 
     def forward(self, saving: _Saving) -> Method:
         params = tuple(s.name for s in self.inputs + self.params)
         if self.norm is not None:
             names = [self.results[0], *(s.name for s, _ in saving.stats)]
-            call = Assign(", ".join(names), self.norm.forward)
-            return Method(params=params, body=(call,), values=tuple(names))
+            kernel = Assign(", ".join(names), self.norm.forward)
+            return Method(params=params, body=(kernel,), values=tuple(name(n) for n in names))
         exprs = list(self.outputs) + [node for _, node in saving.stats]
         statements, reduced = self.cse(exprs, "t")
         values = [self.squeezed(e, self.reduced[i]) if i < len(self.outputs) else self.print(e) for i, e in enumerate(reduced)]
@@ -215,41 +215,50 @@ class _Planner:
             if e in self.inputs or e in reduced[:i]:
                 # Never return an input, or one tensor twice: forward-mode AD and
                 # torch.compile need every output to be a tensor of its own.
-                values[i] = f"{values[i]}.clone()"
+                values[i] = method(values[i], "clone")
         return Method(params=tuple(s.name for s in self.inputs + self.params), body=tuple(statements), values=tuple(values))
 
     def setup_context(self, saving: _Saving) -> Method:
         lines: list = []
         n_out = len(self.outputs)
         outputs_named = saving.outputs or saving.stats
-        if self.inputs + self.params:
-            names = [s.name for s in self.inputs + self.params]
-            target = f"{names[0]}," if len(names) == 1 else ", ".join(names)
-            lines.append(Line(f"{target} = inputs"))
+        lines += self.unpack_inputs()
         if outputs_named:
-            if saving.stats:
-                out_names = self.results + [s.name for s, _ in saving.stats]
+            out_names = self.results + [s.name for s, _ in saving.stats]
+            if len(out_names) == 1:
+                lines.append(Assign(self.results[0], name("output")))
             else:
-                out_names = self.results
-            target = f"{out_names[0]}," if len(out_names) == 1 else ", ".join(out_names)
-            lines.append(Line(f"{target} = {'output' if len(out_names) > 1 or n_out > 1 else '(output,)'}"))
+                lines.append(Assign(", ".join(out_names), name("output")))
             if saving.stats:
-                lines.append(Line(f"ctx.mark_non_differentiable({', '.join(s.name for s, _ in saving.stats)})"))
-        saved = []
-        for symbol in saving.inputs:
-            if symbol in self.params:
-                # A param may be a Python number, which save_for_backward refuses: kept on ctx.
-                name = symbol.name
-                lines.append(Assign(f"ctx.{name}_number", f"None if isinstance({name}, torch.Tensor) else {name}"))
-                saved.append(f"{name} if ctx.{name}_number is None else None")
-            else:
-                saved.append(symbol.name)
-        saved += [self.results[i] for i in saving.outputs] + [s.name for s, _ in saving.stats]
-        lines.append(Line(f"ctx.save_for_backward({', '.join(saved)})"))
+                lines.append(Line(method("ctx", "mark_non_differentiable", *(s.name for s, _ in saving.stats))))
+        body, saved = self.save_parts(saving.inputs, "save_for_backward")
+        lines += body
+        saved += [name(self.results[i]) for i in saving.outputs] + [name(s.name) for s, _ in saving.stats]
+        lines.append(Line(method("ctx", "save_for_backward", *saved)))
         for j, x in enumerate(self.inputs):
             if self._reshapes_gradient(j):
-                lines.append(Line(f"ctx.{x.name}_shape = {x.name}.shape"))
+                lines.append(Assign(f"ctx.{x.name}_shape", attribute(x.name, "shape")))
         return Method(params=("ctx", "inputs", "output"), body=tuple(lines))
+
+    def unpack_inputs(self) -> list:
+        """``x, w, eps = inputs`` in setup_context."""
+        names = [s.name for s in self.inputs + self.params]
+        return [Assign(f"{names[0]}," if len(names) == 1 else ", ".join(names), name("inputs"))]
+
+    def save_parts(self, symbols, how: str) -> tuple[list, list[Code]]:
+        """The statements that keep number params on ctx, and the tensors to save."""
+        lines, saved = [], []
+        for symbol in symbols:
+            if symbol in self.params:
+                # A param may be a Python number, which save_for_backward refuses: kept on ctx.
+                number_attribute = f"ctx.{symbol.name}_number"
+                if how == "save_for_backward":
+                    is_tensor = call("isinstance", symbol.name, "torch.Tensor")
+                    lines.append(Assign(number_attribute, if_else(is_tensor, NONE, symbol.name)))
+                saved.append(if_else(compare(number_attribute, "is", None), symbol.name, NONE))
+            else:
+                saved.append(name(symbol.name))
+        return lines, saved
 
     def _reshapes_gradient(self, j: int) -> bool:
         """Whether input j's gradient may need summing or expanding to its shape: several
@@ -279,37 +288,38 @@ class _Planner:
         for i, dims in enumerate(self.reduced):
             if dims != EVERY and dims:
                 # (the output dropped the dims it reduced: put them back, to broadcast)
-                head.append(Assign(self.grads[i], f"{self.grads[i]}{_unsqueezes(dims)}"))
+                head.append(Assign(self.grads[i], _unsqueezed(self.grads[i], dims)))
                 if i in saving.outputs:
-                    head.append(Assign(self.results[i], f"{self.results[i]}{_unsqueezes(dims)}"))
+                    head.append(Assign(self.results[i], _unsqueezed(self.results[i], dims)))
         if saving.stats:
             recompute = []
             for symbol, node in saving.stats:
                 recompute.append(Assign(symbol.name, self.print(node)))
             head.append(Comment("under create_graph, the row values are recomputed so that they are differentiable"))
-            head.append(If("torch.is_grad_enabled()", tuple(recompute)))
+            head.append(If(call("torch.is_grad_enabled"), tuple(recompute)))
         kernel = _kernel_backward(self, saving)
         statements, reduced = self.cse(list(saving.vjps), "t")
         values = [self.print(e) for e in reduced]
         everything = frozenset(self.inputs + self.params)
-        final = []
+        final: list[Code] = []
+        helpers: frozenset[str] = frozenset()
         for j, (x, value) in enumerate(zip(self.inputs, values)):
-            atom = reduced[j].is_Symbol or isinstance(reduced[j], RowFunction)
             dims = self.value_dims(saving.vjps[j])
+            shape = attribute("ctx", f"{x.name}_shape")
             if saving.vjps[j] == 0:
-                final.append("None")
+                final.append(NONE)
             elif len(self.inputs) + len(self.params) > 1:
-                final.append(f"_reduced_to({value}, ctx.{x.name}_shape)")
+                final.append(call("_reduced_to", value, shape))
+                helpers = frozenset({"_reduced_to"})
             elif dims == EVERY or dims:
-                final.append(f"{value if atom else f'({value})'}.expand(ctx.{x.name}_shape)")
+                final.append(method(value, "expand", shape))
             else:
                 final.append(value)
-        final += ["None"] * len(self.params)
+        final += [NONE] * len(self.params)
         numbers = tuple(s.name for s in saving.inputs if s in self.params)
         unpack = Unpack(tuple(saved), numbers) if saved else None
         if kernel is not None:
-            head.append(If("not torch.is_grad_enabled()", kernel))
-        helpers = frozenset({"_reduced_to"}) if any("_reduced_to(" in v for v in final) else frozenset()
+            head.append(If(unary("not", call("torch.is_grad_enabled")), kernel))
         return Method(
             params=params, body=tuple(head) + tuple(statements), values=tuple(final), unpack=unpack, value_helpers=helpers
         )
@@ -317,8 +327,8 @@ class _Planner:
     def jvp(self) -> tuple[Method, tuple[str, ...]]:
         if self.p.vjps:
             params = ("ctx", *(self.tangent_symbols[s].name for s in self.inputs), *(f"_{s.name}_tangent" for s in self.params))
-            refusal = Line(f"raise RuntimeError({_SURROGATE_REFUSAL.format(what='forward-mode AD (jvp)')!r})")
-            return Method(params=params, body=(refusal,), values=("None",)), ()
+            refusal = Raise(call("RuntimeError", string(_SURROGATE_REFUSAL.format(what="forward-mode AD (jvp)"))))
+            return Method(params=params, body=(refusal,), values=(NONE,)), ()
         tangents = [self.counted_by_inputs(t) for t in jvp(list(self.outputs), self.tangent_symbols, self.inputs)]
         statements, reduced = self.cse(list(tangents), "u")
         values = [self.squeezed(e, self.reduced[i]) for i, e in enumerate(reduced)]
@@ -326,14 +336,21 @@ class _Planner:
         used = set().union(*(t.free_symbols for t in tangents))
         kept = [s for s in self.inputs + self.params if s in used]
         numbers = tuple(s.name for s in kept if s in self.params)
-        lines = [f"{names[0]}, = inputs" if len(names) == 1 else f"{', '.join(names)} = inputs"]
-        saved = [f"{s.name} if ctx.{s.name}_number is None else None" if s in self.params else s.name for s in kept]
-        lines.append(f"ctx.save_for_forward({', '.join(saved)})")
+        lines = self.unpack_inputs()
+        in_backward = set(self._saving.inputs)
+        for symbol in kept:
+            if symbol in self.params and symbol not in in_backward:  # (backward's setup did not keep it)
+                is_tensor = call("isinstance", symbol.name, "torch.Tensor")
+                lines.append(Assign(f"ctx.{symbol.name}_number", if_else(is_tensor, NONE, symbol.name)))
+        _, saved = self.save_parts(kept, "save_for_forward")
+        lines.append(Line(method("ctx", "save_for_forward", *saved)))
         unpack = Unpack(tuple(s.name for s in kept), numbers) if kept else None
         params = ("ctx", *(self.tangent_symbols[s].name for s in self.inputs), *(f"_{s.name}_tangent" for s in self.params))
         if self._stats_count:
-            values = values + ["None"] * self._stats_count
-        return Method(params=params, body=tuple(statements), values=tuple(values), unpack=unpack), tuple(lines)
+            values = values + [NONE] * self._stats_count
+        return Method(params=params, body=tuple(statements), values=tuple(values), unpack=unpack), tuple(
+            render_statements(lines)
+        )
 
     # -- documentation ------------------------------------------------------------------
 
@@ -363,9 +380,9 @@ class _NormKernel:
     values it returns (with their formulas, and the expression each stands for in the VJP)
     and, where ATen has one on every device, its backward call."""
 
-    forward: str  # the call, returning (output, *stats)
+    forward: Code  # the call, returning (output, *stats)
     stats: tuple[tuple[sympy.Symbol, sympy.Expr, sympy.Expr, sympy.Expr], ...]  # (symbol, formula, pattern, replacement)
-    backward: str | None  # returns one gradient per (x, w, b), in that order
+    backward: Code | None  # returns one gradient per (x, w, b), in that order
     roles: tuple[sympy.Symbol, ...]  # x, w[, b]
 
 
@@ -385,14 +402,15 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
             rstd = sympy.Symbol("rstd", positive=True)
             mean_symbol = sympy.Symbol("mean", real=True)
             return _NormKernel(
-                forward=f"torch.ops.aten.native_layer_norm({x}, ({x}.shape[-1],), {w}, {b}, {e})",
+                forward=call("torch.ops.aten.native_layer_norm", x.name, _last(x), w.name, b.name, _scalar(e)),
                 stats=(
                     (mean_symbol, mean, mean, mean_symbol),
                     (rstd, 1 / sympy.sqrt(variance.xreplace({}) + e), variance + e, rstd**-2),
                 ),
-                backward=(
-                    f"torch.ops.aten.native_layer_norm_backward(grad_output, {x}, ({x}.shape[-1],), mean, rstd,"
-                    f" {w}, {b}, ctx.needs_input_grad[:3])"
+                backward=call(
+                    "torch.ops.aten.native_layer_norm_backward",
+                    "grad_output", x.name, _last(x), "mean", "rstd", w.name, b.name,
+                    _subscript_slice("ctx.needs_input_grad", 3),
                 ),
                 roles=(x, w, b),
             )
@@ -402,12 +420,33 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
             w, e = found[weight], found[eps]
             rstd = sympy.Symbol("rstd", positive=True)
             return _NormKernel(
-                forward=f"torch.ops.aten._fused_rms_norm({x}, ({x}.shape[-1],), {w}, {e})",
+                forward=call("torch.ops.aten._fused_rms_norm", x.name, _last(x), w.name, _scalar(e)),
                 stats=((rstd, 1 / sympy.sqrt(square + e), square + e, rstd**-2),),
                 backward=None,
                 roles=(x, w),
             )
     return None
+
+
+def _last(x: sympy.Symbol) -> Code:
+    """``(x.shape[-1],)``: the normalised shape, the last dim."""
+    from ..codegen.syntax import subscript, tuple_of
+
+    return tuple_of(subscript(attribute(x.name, "shape"), -1))
+
+
+def _scalar(eps: sympy.Expr) -> Code:
+    from ..codegen.syntax import number
+
+    return name(eps.name) if eps.is_Symbol else number(float(eps))
+
+
+def _subscript_slice(value: str, stop: int) -> Code:
+    import ast
+
+    from ..codegen.syntax import dotted, subscript
+
+    return subscript(dotted(value), ast.Slice(None, ast.Constant(stop), None))
 
 
 def _roles_fit(found: dict, x: sympy.Symbol, inputs: tuple, params: tuple, bias: bool) -> bool:
@@ -433,9 +472,9 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
     if norm is not None and norm.backward is not None:
         # (its gradients come in (x, w, b) order; the params' are None)
         gradients = {role: f"grad_{role.name}" for role in norm.roles}
-        call = Assign(", ".join(gradients[r] for r in norm.roles), norm.backward)
-        values = [gradients[x] for x in planner.inputs] + ["None"] * len(planner.params)
-        return (call, Return(tuple(values)))
+        kernel = Assign(", ".join(gradients[r] for r in norm.roles), norm.backward)
+        values = [name(gradients[x]) for x in planner.inputs] + [NONE] * len(planner.params)
+        return (kernel, Return(tuple(values)))
     if len(planner.outputs) != 1 or len(planner.inputs) != 1 or saving.outputs != (0,):
         return None
     f = planner.outputs[0]
@@ -443,7 +482,7 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
         return None
     kernel = "_softmax_backward_data" if type(f) is Softmax else "_log_softmax_backward_data"
     g, y = planner.grads[0], planner.results[0]
-    return (Return((f"torch.ops.aten.{kernel}({g}, {y}, {print_dims(f.dims)}, {y}.dtype)",)),)
+    return (Return((call(f"torch.ops.aten.{kernel}", g, y, dims_code(f.dims), attribute(y, "dtype")),)),)
 
 
 def stabilised(expr: sympy.Expr) -> sympy.Expr:
@@ -534,8 +573,12 @@ def _tuple(dims) -> sympy.Tuple:
     return sympy.Tuple(*(sympy.Integer(d) for d in sorted(dims)))
 
 
-def _unsqueezes(dims) -> str:
-    """Calls that put back the size-1 ``dims`` a reduced output dropped."""
+def _unsqueezed(value: str, dims) -> Code:
+    """``value`` with the size-1 ``dims`` a reduced output dropped put back (ascending
+    non-negative dims first, then negative ones from -1 down, so each lands in place)."""
     positive = sorted(d for d in dims if d >= 0)
     negative = sorted((d for d in dims if d < 0), reverse=True)
-    return "".join(f".unsqueeze({d})" for d in positive + negative)
+    code: Code = name(value)
+    for d in positive + negative:
+        code = method(code, "unsqueeze", d)
+    return code

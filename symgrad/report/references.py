@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import sympy
 
 from ..codegen.printer import TorchPrinter
+from ..codegen.syntax import source
 from ..frontend.parse import parse_outputs
 from ..math.numbers import numbers_to_floats
 
@@ -69,7 +70,7 @@ def eager_code(expr: sympy.Expr, names: Sequence[str]) -> str:
     """torch code of ``expr`` as written: every function a torch call, nothing rewritten."""
     symbols = {s: s.name for s in expr.free_symbols}
     anchor = next((name for name in names if name in symbols.values()), None)
-    return TorchPrinter(symbols, reference=anchor).doprint(numbers_to_floats(expr))
+    return source(TorchPrinter(symbols, reference=anchor).doprint(numbers_to_floats(expr)))
 
 
 def as_function(code: str, names: Sequence[str], label: str) -> Callable:
