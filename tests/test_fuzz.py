@@ -53,7 +53,7 @@ from hypothesis import strategies as st
 
 import symgrad
 from symgrad import SymgradError
-from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS
+from symgrad.frontend.grammar import FUNCTIONS, REDUCTIONS, ROW_FUNCTIONS
 from symgrad.frontend.parse import parse_outputs
 from symgrad.plan.docs import metadata_of
 
@@ -82,7 +82,9 @@ KINKED = frozenset(
     {"Abs", "abs", "sign", "Heaviside", "floor", "ceiling", "round", "Max", "Min", "max", "min", "relu", "clamp"}
     | {"Piecewise", "where", "atan2"}
 )
-_SPECIAL = frozenset({"Piecewise", "where", "Max", "Min", "max", "min", "log"} | set(REDUCTIONS))  # drawn by their own rules
+# Drawn by their own rules; the row-wise functions (a literal dim, other shapes) are
+# tests/test_rowwise.py's.
+_SPECIAL = frozenset({"Piecewise", "where", "Max", "Min", "max", "min", "log"} | set(REDUCTIONS) | set(ROW_FUNCTIONS))
 CONSTANTS = ("0", "1", "2", "3", "7", "1/2", "3/2", "2/3", "0.5", "2.5", "1e-3", "pi", "E", "10")
 EXPONENTS = ("2", "3", "(-1)", "(-2)", "(1/2)", "(3/2)", "0.5", "4")
 COMPARISONS = ("<", "<=", ">", ">=")

@@ -294,3 +294,52 @@ def test_every_rowwise_module_in_generated_is_a_case():
     for name in rowwise_generated_names():
         module = importlib.import_module(f"generated.{name}")
         assert cased.get(name) == module.__symgrad__["expr"], name
+
+
+# --fuse: the same contract with the bodies compiled (every size: _EAGER_WORK_LIMIT = 0). Each
+# case compiles three bodies (10-30 s on 2 cores): two run in the default tier, all under `slow`.
+FUSED_DEFAULT = ("Softmax", "RMSNorm")
+
+
+@pytest.fixture(scope="module")
+def fused_modules(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("rowwise_fused")
+    loaded = {}
+    for case in CASES:
+        source = generate_source(case.expr, case.name + "Fused", inputs=case.inputs, params=case.params, fuse=True)
+        path = directory / f"rowwise_fused_{case.name.lower()}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+        module._EAGER_WORK_LIMIT = 0  # (compile at the tests' small sizes too)
+        loaded[case.name] = module
+    return loaded
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=() if c.name in FUSED_DEFAULT else pytest.mark.slow) for c in CASES],
+    ids=lambda c: c.name,
+)
+def test_fused_modules_keep_the_contract(case, fused_modules):
+    module = fused_modules[case.name]
+    assert module._COMPILED is not None and "_fused(" in module.__loader__.get_source(module.__name__)
+    alias = _alias(module)
+    tensors, params = _args(case, dtype=torch.float32)
+    got = alias(*tensors, *params)
+    torch.testing.assert_close(got, case.reference(*tensors, *params), rtol=1e-5, atol=1e-5)
+    upstream = torch.randn_like(got)
+    mine = torch.autograd.grad(got, tensors, upstream)
+    theirs = torch.autograd.grad(case.reference(*tensors, *params), tensors, upstream)
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert module._COMPILED, "no body ran compiled"
+    tensors64, _ = _args(case)
+    function = lambda *xs: alias(*xs, *params)  # noqa: E731
+    assert torch.autograd.gradcheck(function, tensors64)
+    assert torch.autograd.gradgradcheck(function, tensors64)
+    assert torch.autograd.gradcheck(
+        function, tensors64, check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False
+    )

@@ -40,7 +40,11 @@ from ..math.reductions import (
 from ..frontend.parse import Parsed
 from ..naming import snake_case
 from .assemble import _with_helpers
-from .ir import Assign, Comment, If, Line, Method, Plan, Raise, Return, Unpack, render_statements
+from dataclasses import replace
+
+from ..errors import SymgradError
+from .ir import Assign, Comment, Fused, If, Line, Method, Plan, Raise, Return, Unpack, render_statements
+from .operations import eager_operations
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ def make_rowwise_plan(parsed: Parsed) -> Plan:
 class _Planner:
     def __init__(self, parsed: Parsed) -> None:
         self.p = parsed
+        # --fuse's pure functions read ctx's values as their parameters.
+        self.pure = False
         self.spec = parsed.spec
         self.inputs = parsed.inputs
         self.params = parsed.params
@@ -155,6 +161,11 @@ class _Planner:
         setup = self.setup_context(saving)
         backward = self.backward(saving)
         jvp_method, forward_ad = self.jvp()
+        fused = None
+        if self.spec.fuse:
+            if self.spec.inplace:
+                raise SymgradError("--fuse and --inplace cannot be combined: an in-place Function is not fused")
+            fused, forward, backward, jvp_method = self.fused(saving, forward, backward, jvp_method)
         public = tuple(s.name for s in self.inputs + self.params)
         n_out = len(self.outputs)
         extra = len(saving.stats)
@@ -176,7 +187,62 @@ class _Planner:
             inplace=False,
             refuses_double_backward=False,
             surrogate=bool(self.p.vjps),
+            fused=fused,
         ))
+
+    # -- --fuse ---------------------------------------------------------------------------
+
+    def fused(self, saving: _Saving, forward: Method, backward: Method, jvp_method: Method):
+        """--fuse: forward, backward and jvp as pure module-level functions that the
+        Function's methods run through the module's ``_fused`` runner (torch.compile)."""
+        self.pure = True
+        try:
+            pure_backward = self.backward(saving)
+            pure_jvp, _ = self.jvp()
+        finally:
+            self.pure = False
+        names = {kind: f"_{self.alias}_{kind}" for kind in ("forward", "backward", "jvp")}
+
+        def through_runner(kind: str, body: Method, args: list[Code]) -> Code:
+            return call("_fused", names[kind], *args, operations=max(1, eager_operations(body)))
+
+        shapes = [attribute("ctx", f"{x.name}_shape") for j, x in enumerate(self.inputs) if self._reshapes_gradient(j)]
+        grads = [name(g) for g in self.grads]
+        saved = list(backward.unpack.names) if backward.unpack else []
+        backward_args = grads + [name(n) for n in saved] + shapes + [attribute("ctx", "needs_input_grad")]
+        pure_backward = replace(
+            pure_backward,
+            params=(*self.grads, *saved, *(f"{x.name}_shape" for j, x in enumerate(self.inputs) if self._reshapes_gradient(j)), "needs_input_grad"),
+            unpack=None,
+        )
+        tangents = [name(self.tangent_symbols[x].name) for x in self.inputs]
+        jvp_saved = list(jvp_method.unpack.names) if jvp_method.unpack else []
+        pure_jvp = replace(pure_jvp, params=(*(t.id for t in tangents), *jvp_saved), unpack=None)
+        calling_forward = Method(
+            params=forward.params, values=(through_runner("forward", forward, [name(p) for p in forward.params]),)
+        )
+        calling_backward = replace(
+            backward, body=(), values=(through_runner("backward", pure_backward, backward_args),), value_helpers=frozenset()
+        )
+        calling_jvp = replace(
+            jvp_method, body=(), values=(through_runner("jvp", pure_jvp, tangents + [name(n) for n in jvp_saved]),)
+        )
+        fused = Fused(
+            runner="_fused",
+            cache="_COMPILED",
+            eager_work="_EAGER_WORK_LIMIT",
+            forward_name=names["forward"],
+            forward=forward,
+            backward_name=names["backward"],
+            backward=pure_backward,
+            jvp_name=names["jvp"],
+            jvp=pure_jvp,
+            description=(
+                "Forward, backward and jvp run through torch.compile (the module's `_fused`),",
+                "eagerly where compiling cannot work or would not pay (small CPU tensors).",
+            ),
+        )
+        return fused, calling_forward, calling_backward, calling_jvp
 
     def print(self, expr: sympy.Expr) -> Code:
         return print_tree(expr, self.names)
@@ -305,7 +371,7 @@ class _Planner:
         helpers: frozenset[str] = frozenset()
         for j, (x, value) in enumerate(zip(self.inputs, values)):
             dims = self.value_dims(saving.vjps[j])
-            shape = attribute("ctx", f"{x.name}_shape")
+            shape = name(f"{x.name}_shape") if self.pure else attribute("ctx", f"{x.name}_shape")
             if saving.vjps[j] == 0:
                 final.append(NONE)
             elif len(self.inputs) + len(self.params) > 1:
@@ -410,7 +476,7 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
                 backward=call(
                     "torch.ops.aten.native_layer_norm_backward",
                     "grad_output", x.name, _last(x), "mean", "rstd", w.name, b.name,
-                    _subscript_slice("ctx.needs_input_grad", 3),
+                    _subscript_slice("needs_input_grad", 3),
                 ),
                 roles=(x, w, b),
             )
@@ -474,7 +540,9 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
         gradients = {role: f"grad_{role.name}" for role in norm.roles}
         kernel = Assign(", ".join(gradients[r] for r in norm.roles), norm.backward)
         values = [name(gradients[x]) for x in planner.inputs] + [NONE] * len(planner.params)
-        return (kernel, Return(tuple(values)))
+        # (the kernel's output mask; --fuse's pure backward takes it as a parameter)
+        needs = [] if planner.pure else [Assign("needs_input_grad", attribute("ctx", "needs_input_grad"))]
+        return (*needs, kernel, Return(tuple(values)))
     if len(planner.outputs) != 1 or len(planner.inputs) != 1 or saving.outputs != (0,):
         return None
     f = planner.outputs[0]
