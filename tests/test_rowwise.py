@@ -428,3 +428,22 @@ def test_values_match_mpmath(case, modules):
         want = torch.tensor(np.vectorize(float)(np.asarray(exact, dtype=object)).astype(float), dtype=torch.float64)
     got = _alias(modules[case.name])(*tensors, *params)
     torch.testing.assert_close(got, want.reshape(got.shape), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_norm_weights_of_another_shape_run_the_formula(name, modules):
+    """The kernels take weights of the normalised shape; a per-row weight (B, H) runs the
+    formula, with the same row values, and keeps the contract."""
+    case = next(c for c in CASES if c.name == name)
+    tensors, params = _args(case)
+    wide = [tensors[0]] + [torch.randn(4, 6, dtype=torch.float64, requires_grad=True) for _ in tensors[1:]]
+    function = lambda *xs: _alias(modules[name])(*xs, *params)  # noqa: E731
+    x, w = wide[0], wide[1]
+    b = wide[2] if len(wide) > 2 else 0
+    if name == "LayerNorm":
+        want = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + params[0]) * w + b
+    else:
+        want = x / torch.sqrt((x**2).mean(-1, keepdim=True) + params[0]) * w
+    torch.testing.assert_close(function(*wide), want)
+    assert torch.autograd.gradcheck(function, wide)
+    assert torch.autograd.gradgradcheck(function, wide)

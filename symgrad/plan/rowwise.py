@@ -18,6 +18,7 @@ backward calls it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import sympy
 
@@ -271,9 +272,7 @@ class _Planner:
     def forward(self, saving: _Saving) -> Method:
         params = tuple(s.name for s in self.inputs + self.params)
         if self.norm is not None:
-            names = [self.results[0], *(s.name for s, _ in saving.stats)]
-            kernel = Assign(", ".join(names), self.norm.forward)
-            return Method(params=params, body=(kernel,), values=tuple(name(n) for n in names))
+            return self.norm_forward(params)
         exprs = list(self.outputs) + [node for _, node in saving.stats]
         statements, reduced = self.cse(exprs, "t")
         values = [self.squeezed(e, self.reduced[i]) if i < len(self.outputs) else self.print(e) for i, e in enumerate(reduced)]
@@ -284,11 +283,31 @@ class _Planner:
                 values[i] = method(values[i], "clone")
         return Method(params=tuple(s.name for s in self.inputs + self.params), body=tuple(statements), values=tuple(values))
 
+    def norm_forward(self, params: tuple[str, ...]) -> Method:
+        """The kernel where the weights have its normalised shape, (H,); the formula, with
+        the same row values, for any other shape."""
+        norm = self.norm
+        kernel = (Return((norm.forward,)),)
+        fits = None
+        for role in norm.roles[1:]:
+            same = compare(attribute(role.name, "shape"), "==", _from_last(norm.roles[0]))
+            fits = same if fits is None else _and(fits, same)
+        stats = [(symbol, formula.xreplace({p: r for _, _, p, r in norm.stats[:k]})) for k, (symbol, formula, _, _) in enumerate(norm.stats)]
+        output = self.outputs[0]
+        for _, _, pattern, replacement in reversed(norm.stats):
+            output = output.xreplace({pattern: replacement})
+        body = [If(fits, kernel)]
+        for symbol, formula in stats:
+            body.append(Assign(symbol.name, self.print(formula)))
+        return Method(params=params, body=tuple(body), values=(self.print(output), *(name(s.name) for s, _ in stats)))
+
     def setup_context(self, saving: _Saving) -> Method:
         lines: list = []
         n_out = len(self.outputs)
         outputs_named = saving.outputs or saving.stats
-        lines += self.unpack_inputs()
+        reads_inputs = bool(saving.inputs) or any(self._reshapes_gradient(j) for j in range(len(self.inputs)))
+        if reads_inputs:
+            lines += self.unpack_inputs()
         if outputs_named:
             out_names = self.results + [s.name for s, _ in saving.stats]
             if len(out_names) == 1:
@@ -385,7 +404,11 @@ class _Planner:
         numbers = tuple(s.name for s in saving.inputs if s in self.params)
         unpack = Unpack(tuple(saved), numbers) if saved else None
         if kernel is not None:
-            head.append(If(unary("not", call("torch.is_grad_enabled")), kernel))
+            condition = unary("not", call("torch.is_grad_enabled"))
+            if self.norm is not None:
+                for role in self.norm.roles[1:]:
+                    condition = _and(condition, compare(attribute(role.name, "shape"), "==", _from_last(self.norm.roles[0])))
+            head.append(If(condition, kernel))
         return Method(
             params=params, body=tuple(head) + tuple(statements), values=tuple(final), unpack=unpack, value_helpers=helpers
         )
@@ -432,7 +455,8 @@ class _Planner:
     def saved_comment(self, saving: _Saving) -> tuple[str, ...]:
         parts = [s.name for s in saving.inputs] + [self.results[i] for i in saving.outputs]
         parts += [f"{s.name} = {node} (one value per row)" for s, node in saving.stats]
-        return (f"Saved for backward: {', '.join(parts)}.",)
+        why = " (the gradient is written in the output)" if saving.outputs and not saving.inputs else ""
+        return (f"Saved for backward: {', '.join(parts)}{why}.",)
 
     def metadata(self, saving: _Saving) -> str:
         saved = [s.name for s in saving.inputs] + [self.results[i] for i in saving.outputs] + [s.name for s, _ in saving.stats]
@@ -448,7 +472,9 @@ class _NormKernel:
 
     forward: Code  # the call, returning (output, *stats)
     stats: tuple[tuple[sympy.Symbol, sympy.Expr, sympy.Expr, sympy.Expr], ...]  # (symbol, formula, pattern, replacement)
-    backward: Code | None  # returns one gradient per (x, w, b), in that order
+    # the call, given the tensor of which gradients are needed; returns one gradient per
+    # (x, w, b), in that order
+    backward: "Callable[[Code], Code] | None"
     roles: tuple[sympy.Symbol, ...]  # x, w[, b]
 
 
@@ -473,10 +499,9 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
                     (mean_symbol, mean, mean, mean_symbol),
                     (rstd, 1 / sympy.sqrt(variance.xreplace({}) + e), variance + e, rstd**-2),
                 ),
-                backward=call(
+                backward=lambda needs: call(
                     "torch.ops.aten.native_layer_norm_backward",
-                    "grad_output", x.name, _last(x), "mean", "rstd", w.name, b.name,
-                    _subscript_slice("needs_input_grad", 3),
+                    "grad_output", x.name, _last(x), "mean", "rstd", w.name, b.name, _first(needs, 3),
                 ),
                 roles=(x, w, b),
             )
@@ -507,12 +532,30 @@ def _scalar(eps: sympy.Expr) -> Code:
     return name(eps.name) if eps.is_Symbol else number(float(eps))
 
 
-def _subscript_slice(value: str, stop: int) -> Code:
+def _from_last(x: sympy.Symbol) -> Code:
+    """``x.shape[-1:]``."""
     import ast
 
-    from ..codegen.syntax import dotted, subscript
+    from ..codegen.syntax import subscript
 
-    return subscript(dotted(value), ast.Slice(None, ast.Constant(stop), None))
+    return subscript(attribute(x.name, "shape"), ast.Slice(ast.UnaryOp(ast.USub(), ast.Constant(1)), None, None))
+
+
+def _and(left: Code, right: Code) -> Code:
+    """``left and right``, one chain where ``left`` is one already."""
+    import ast
+
+    earlier = left.values if isinstance(left, ast.BoolOp) and isinstance(left.op, ast.And) else [left]
+    return ast.BoolOp(ast.And(), [*earlier, right])
+
+
+def _first(value: Code, stop: int) -> Code:
+    """``value[:stop]``."""
+    import ast
+
+    from ..codegen.syntax import subscript
+
+    return subscript(value, ast.Slice(None, ast.Constant(stop), None))
 
 
 def _roles_fit(found: dict, x: sympy.Symbol, inputs: tuple, params: tuple, bias: bool) -> bool:
@@ -538,11 +581,11 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
     if norm is not None and norm.backward is not None:
         # (its gradients come in (x, w, b) order; the params' are None)
         gradients = {role: f"grad_{role.name}" for role in norm.roles}
-        kernel = Assign(", ".join(gradients[r] for r in norm.roles), norm.backward)
-        values = [name(gradients[x]) for x in planner.inputs] + [NONE] * len(planner.params)
         # (the kernel's output mask; --fuse's pure backward takes it as a parameter)
-        needs = [] if planner.pure else [Assign("needs_input_grad", attribute("ctx", "needs_input_grad"))]
-        return (*needs, kernel, Return(tuple(values)))
+        needs = name("needs_input_grad") if planner.pure else attribute("ctx", "needs_input_grad")
+        kernel = Assign(", ".join(gradients[r] for r in norm.roles), norm.backward(needs))
+        values = [name(gradients[x]) for x in planner.inputs] + [NONE] * len(planner.params)
+        return (kernel, Return(tuple(values)))
     if len(planner.outputs) != 1 or len(planner.inputs) != 1 or saving.outputs != (0,):
         return None
     f = planner.outputs[0]
