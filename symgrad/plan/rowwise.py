@@ -450,6 +450,12 @@ class _Planner:
         given = dict(self.p.vjps)
         for x, v in zip(self.inputs, saving.vjps):
             lines.append(f"grad_{x.name} = {v}" + ("   (surrogate, --vjp)" if x in given else ""))
+        if given:
+            lines += [
+                "",
+                "Reverse mode only: a --vjp backward gives no tangent, so jvp (torch.func.jvp, jacfwd)",
+                "raises, and double backward differentiates the surrogate as written.",
+            ]
         return "\n".join(lines)
 
     def saved_comment(self, saving: _Saving) -> tuple[str, ...]:
