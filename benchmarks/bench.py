@@ -639,7 +639,7 @@ class SavedSplit:
 
     def __str__(self) -> str:
         kept = f" + {_size(self.arguments)} of w, b, t" if self.arguments else ""
-        return f"{self.full} full + {self.per_row:g} B/row{kept}"
+        return f"{self.full} full + {self.per_row:.3g} B/row{kept}"
 
 
 def _size(nbytes: float) -> str:
@@ -1002,7 +1002,8 @@ def rowwise_summary(rows: list[Row]) -> str:
     )
     for h in head:
         missed = [name for name, targets in per_case.items() if "MISSED" in targets[h]]
-        lines.append(f"{h}: missed by {', '.join(missed) or 'none'}")
+        measured = [name for name, targets in per_case.items() if targets[h] != "-" and "not yet" not in targets[h]]
+        lines.append(f"{h}: measured on {len(measured)} of {len(per_case)} cases, missed by {', '.join(missed) or 'none'}")
     return "\n".join(lines)
 
 
