@@ -6,6 +6,7 @@ one adds 5-30 s per compile):
     python benchmarks/bench.py                      # N = 1e6 and 1e7, float32, CPU
     python benchmarks/bench.py --sizes 1e6 --png bench.png --only Mish GELU   # the chart: matplotlib
     python benchmarks/bench.py --device cuda --sizes 1e7 1e8   # on a GPU
+    python benchmarks/bench.py --sets rowwise --repeats 31     # the row-wise set alone
 
 For every expression in EXPRESSIONS it generates four modules with
 ``symgrad.generate_source`` into a temporary package (the default, ``save="speed"``,
@@ -25,6 +26,15 @@ with a fixed upstream gradient) for six variants:
 - ``torch``: torch's own function for the expression (``F.mish``, ``F.gelu``, ...), where
   it has one: the table ``symgrad report`` compares with too
   (``symgrad.report.references.TORCH_OWN``).
+
+The row-wise set (ROWWISE: softmax, norms, losses, SwiGLU; ``--sets rowwise`` alone) runs
+each case once at ``--row-shape`` (default 2048 x 1024) with ``--repeats`` timed runs, against
+``eager`` (the textbook formula as a careful user writes it), ``compile`` of it, ``torch``
+(torch's own function), ``symgrad`` (the default module) and ``fused`` (``--fuse``, timed only
+where it generates a module of its own; "not yet" where its source is the default's). It
+prints issue 44's targets per case: default time over the best of torch's own and eager,
+saved bytes against both and against one full tensor plus per-row statistics (SavedSplit),
+fused over compile, and the geometric mean of default over eager.
 
 Times are the median (with min and max) over ``--repeats`` runs after warm-up. The
 first call of ``compile`` and ``fused`` includes compiling; it is reported separately.
@@ -1050,7 +1060,9 @@ def chart(rows: list[Row], path: str) -> None:
         times_axis.axhline(1, color="k", linewidth=0.8)
         times_axis.set_ylabel("fwd+bwd time ratio (below 1: faster)")
         size = f"{at[0].shape[0]}x{at[0].shape[1]}" if at[0].shape else f"N={n:.0e}"
-        times_axis.set_title(f"{set_name}, {size} float32: time against eager, torch's own, compile")
+        not_yet = sorted({DISPLAY_NAMES.get(v, v) for r in at for v in r.not_yet})
+        pending = f" ({', '.join(not_yet)}: not yet)" if not_yet else ""
+        times_axis.set_title(f"{set_name}, {size} float32: time against eager, torch's own, compile{pending}")
         _bar_groups(saved_axis, at, [
             (DISPLAY_NAMES.get(v, v), [r.saved[v] / r.n if v in r.saved else None for r in at]) for v in CHART_SAVED
         ])
@@ -1060,7 +1072,7 @@ def chart(rows: list[Row], path: str) -> None:
         saved_axis.set_ylabel("bytes saved for backward per element")
         saved_axis.set_title(f"{set_name}: saved bytes")
         for axis in (times_axis, saved_axis):
-            axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30)
+            axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30, ha="right")
             axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=80)
