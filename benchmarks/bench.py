@@ -120,7 +120,6 @@ EXPRESSIONS = [
 ]
 
 
-
 @dataclass(frozen=True)
 class RowwiseCase:
     """One row-wise benchmark case: the textbook formula symgrad generates from (as in
@@ -196,7 +195,10 @@ ROWWISE = [
         full_tensor_rule=False,
     ),
     RowwiseCase(
-        "L2Normalize", "x/norm(x, -1)", "x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)", "F.normalize(x, dim=-1, eps=0.0)"
+        "L2Normalize",
+        "x/norm(x, -1)",
+        "x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)",
+        "F.normalize(x, dim=-1, eps=0.0)",
     ),
     RowwiseCase(
         "Entropy",
@@ -286,13 +288,15 @@ class Row:
     error: str = ""
     shape: tuple[int, int] | None = None  # row-wise cases: (rows, columns) of x; n is their product
     not_yet: tuple[str, ...] = ()  # variants whose module generation made identical to the default's
-    saved_split: dict[str, "SavedSplit"] = field(default_factory=dict)  # row-wise cases
+    saved_split: dict[str, SavedSplit] = field(default_factory=dict)  # row-wise cases
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7], help="element counts (default 1e6 1e7)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed runs at N <= 1e6 and in the row-wise set (default 15)")
+    parser.add_argument(
+        "--repeats", type=int, default=15, help="timed runs at N <= 1e6 and in the row-wise set (default 15)"
+    )
     parser.add_argument("--repeats-large", type=int, default=5, help="timed runs at N > 1e6 (default 5)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before timing (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see the docstring)")
@@ -300,7 +304,9 @@ def main() -> int:
     parser.add_argument("--png", help="also write a bar chart to this file (needs matplotlib)")
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
-    parser.add_argument("--sets", nargs="+", choices=list(SETS), default=list(SETS), help="which sets to run (default all)")
+    parser.add_argument(
+        "--sets", nargs="+", choices=list(SETS), default=list(SETS), help="which sets to run (default all)"
+    )
     parser.add_argument(
         "--row-shape", nargs=2, type=int, default=ROW_SHAPE, metavar=("ROWS", "COLUMNS"),
         help=f"the row-wise set's shape (default {ROW_SHAPE[0]} {ROW_SHAPE[1]})",
@@ -942,7 +948,8 @@ def rowwise_table(rows: list[Row]) -> str:
         "| case | shape | "
         + " | ".join(f"{names.get(v, v)} ms" for v in ROWWISE_VARIANTS)
         + " | saved MB " + " / ".join(names.get(v, v) for v in ROWWISE_SAVED)
-        + " | saved: eager | saved: torch's own | saved: default | kernels eager / default | compile s (compile, fused) |"
+        + " | saved: eager | saved: torch's own | saved: default"
+        + " | kernels eager / default | compile s (compile, fused) |"
     )
     columns = head.count("|") - 1
     lines = [head, "|" + "---|" * columns]
@@ -976,16 +983,20 @@ def rowwise_targets(row: Row, full_tensor_rule: bool) -> dict[str, str]:
     t = {v: row.times[v][0] for v in row.times}
     best = min(t[v] for v in ("eager", TORCH_OWN) if v in t)
     ratio = t["symgrad"] / best
-    targets = {f"default / best of torch's own, eager (<= {DEFAULT_OVER_BEST})": f"{ratio:.2f} {_verdict(ratio <= DEFAULT_OVER_BEST)}"}
+    targets = {
+        f"default / best of torch's own, eager (<= {DEFAULT_OVER_BEST})": f"{ratio:.2f} {_verdict(ratio <= DEFAULT_OVER_BEST)}"
+    }
     others = [v for v in ("eager", TORCH_OWN) if v in row.saved]
     heavier = [
         f"{_size(row.saved['symgrad'] - row.saved[v])} over {DISPLAY_NAMES.get(v, v)}"
         for v in others
         if row.saved["symgrad"] > row.saved[v]
     ]
-    targets["default saves no more than eager, torch's own"] = _verdict(not heavier) + (f" ({', '.join(heavier)})" if heavier else "")
+    over = f" ({', '.join(heavier)})" if heavier else ""
+    targets["default saves no more than eager, torch's own"] = _verdict(not heavier) + over
     split = row.saved_split["symgrad"]
-    targets["one full tensor plus row statistics"] = f"{_verdict(split.meets_rule())} ({split})" if full_tensor_rule else "-"
+    rule = f"{_verdict(split.meets_rule())} ({split})" if full_tensor_rule else "-"
+    targets["one full tensor plus row statistics"] = rule
     if "fused" in row.not_yet:
         targets[f"fused / compile (<= {FUSED_OVER_COMPILE})"] = "not yet (--fuse generates the default module)"
     else:
@@ -1013,7 +1024,9 @@ def rowwise_summary(rows: list[Row]) -> str:
     for h in head:
         missed = [name for name, targets in per_case.items() if "MISSED" in targets[h]]
         measured = [name for name, targets in per_case.items() if targets[h] != "-" and "not yet" not in targets[h]]
-        lines.append(f"{h}: measured on {len(measured)} of {len(per_case)} cases, missed by {', '.join(missed) or 'none'}")
+        lines.append(
+            f"{h}: measured on {len(measured)} of {len(per_case)} cases, missed by {', '.join(missed) or 'none'}"
+        )
     return "\n".join(lines)
 
 
