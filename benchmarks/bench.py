@@ -6,6 +6,7 @@ one adds 5-30 s per compile):
     python benchmarks/bench.py                      # N = 1e6 and 1e7, float32, CPU
     python benchmarks/bench.py --sizes 1e6 --png bench.png --only Mish GELU   # the chart: matplotlib
     python benchmarks/bench.py --device cuda --sizes 1e7 1e8   # on a GPU
+    python benchmarks/bench.py --sets rowwise --repeats 31     # the row-wise set alone
 
 For every expression in EXPRESSIONS it generates four modules with
 ``symgrad.generate_source`` into a temporary package (the default, ``save="speed"``,
@@ -25,6 +26,15 @@ with a fixed upstream gradient) for six variants:
 - ``torch``: torch's own function for the expression (``F.mish``, ``F.gelu``, ...), where
   it has one: the table ``symgrad report`` compares with too
   (``symgrad.report.references.TORCH_OWN``).
+
+The row-wise set (ROWWISE: softmax, norms, losses, SwiGLU; ``--sets rowwise`` alone) runs
+each case once at ``--row-shape`` (default 2048 x 1024) with ``--repeats`` timed runs, against
+``eager`` (the textbook formula as a careful user writes it), ``compile`` of it, ``torch``
+(torch's own function), ``symgrad`` (the default module) and ``fused`` (``--fuse``, timed only
+where it generates a module of its own; "not yet" where its source is the default's). It
+prints issue 44's targets per case: default time over the best of torch's own and eager,
+saved bytes against both and against one full tensor plus per-row statistics (SavedSplit),
+fused over compile, and the geometric mean of default over eager.
 
 Times are the median (with min and max) over ``--repeats`` runs after warm-up. The
 first call of ``compile`` and ``fused`` includes compiling; it is reported separately.
@@ -109,9 +119,105 @@ EXPRESSIONS = [
     ),
 ]
 
-# The benchmark's sets, each drawn as its own panel of the chart: the elementwise
-# expressions above, and the row-wise ones (softmax, norms, losses) once they are written.
-SETS = {"elementwise": EXPRESSIONS}
+
+@dataclass(frozen=True)
+class RowwiseCase:
+    """One row-wise benchmark case: the textbook formula symgrad generates from (as in
+    [tool.symgrad]), and the two hand-written references it is timed against.
+
+    ``eager`` and ``own`` are lambda bodies over the inputs, then the params, in order:
+    ``eager`` is the formula as a careful PyTorch user writes it (torch's softmax and
+    log_softmax where the formula names them), differentiated by eager autograd (and
+    compiled for ``compile``); ``own`` is torch's own function for the whole pattern, or
+    None. Inputs named x and y are (rows, columns) tensors, w and b are (columns,), t holds
+    integer targets, one per row; ``values`` gives each float param.
+    """
+
+    name: str
+    expr: str
+    eager: str
+    own: str | None
+    inputs: tuple[str, ...] = ("x",)
+    params: tuple[str, ...] = ()
+    values: dict = field(default_factory=dict)
+    # Issue 44's saved-bytes rule, one full tensor plus per-row statistics (what Liger's
+    # and unsloth's Functions save), is set for its single-input cases: not SwiGLU or
+    # CosineSimilarity.
+    full_tensor_rule: bool = True
+
+
+# The row-wise set: each [tool.symgrad] row-wise function at (2048, 1024) float32 (``--row-shape``).
+ROWWISE = [
+    RowwiseCase("Softmax", "exp(x)/sum(exp(x), -1)", "x.exp() / x.exp().sum(-1, keepdim=True)", "torch.softmax(x, -1)"),
+    RowwiseCase(
+        "LogSoftmax", "x - log(sum(exp(x), -1))", "x - x.exp().sum(-1, keepdim=True).log()", "torch.log_softmax(x, -1)"
+    ),
+    RowwiseCase("LogSumExp", "log(sum(exp(x), -1))", "x.exp().sum(-1).log()", "torch.logsumexp(x, -1)"),
+    RowwiseCase(
+        "RMSNorm",
+        "x/sqrt(mean(x**2, -1) + eps)*w",
+        "x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w",
+        "F.rms_norm(x, (x.shape[-1],), w, eps)",
+        inputs=("x", "w"),
+        params=("eps",),
+        values={"eps": 1e-6},
+    ),
+    RowwiseCase(
+        "LayerNorm",
+        "(x - mean(x, -1))/sqrt(mean((x - mean(x, -1))**2, -1) + eps)*w + b",
+        "(x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps) * w + b",
+        "F.layer_norm(x, (x.shape[-1],), w, b, eps)",
+        inputs=("x", "w", "b"),
+        params=("eps",),
+        values={"eps": 1e-5},
+    ),
+    RowwiseCase(
+        "CrossEntropy",
+        "mean(-gather(log_softmax(x, -1), t))",
+        "-x.log_softmax(-1).gather(-1, t.unsqueeze(-1)).mean()",
+        "F.cross_entropy(x, t)",
+        params=("t",),
+    ),
+    RowwiseCase(
+        "LabelSmoothedCrossEntropy",
+        "mean(-(1 - s)*gather(log_softmax(x, -1), t) - s*mean(log_softmax(x, -1), -1))",
+        "(-(1 - s) * (p := x.log_softmax(-1)).gather(-1, t.unsqueeze(-1)).squeeze(-1) - s * p.mean(-1)).mean()",
+        "F.cross_entropy(x, t, label_smoothing=s)",
+        params=("t", "s"),
+        values={"s": 0.1},
+    ),
+    RowwiseCase(
+        "CosineSimilarity",
+        "sum(x*y, -1)/sqrt(sum(x**2, -1)*sum(y**2, -1))",
+        "(x * y).sum(-1) / torch.sqrt((x**2).sum(-1) * (y**2).sum(-1))",
+        "F.cosine_similarity(x, y, dim=-1, eps=0.0)",
+        inputs=("x", "y"),
+        full_tensor_rule=False,
+    ),
+    RowwiseCase(
+        "L2Normalize",
+        "x/norm(x, -1)",
+        "x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)",
+        "F.normalize(x, dim=-1, eps=0.0)",
+    ),
+    RowwiseCase(
+        "Entropy",
+        "-sum(softmax(x, -1)*log_softmax(x, -1), -1)",
+        "-(x.softmax(-1) * x.log_softmax(-1)).sum(-1)",
+        "torch.distributions.Categorical(logits=x, validate_args=False).entropy()",
+    ),
+    RowwiseCase(
+        "SwiGLU",
+        "chunk(x, 2, 0)*sigmoid(chunk(x, 2, 0))*chunk(x, 2, 1)",
+        "(h := x.chunk(2, -1))[0] * torch.sigmoid(h[0]) * h[1]",
+        "F.silu((h := x.chunk(2, -1))[0]) * h[1]",
+        full_tensor_rule=False,
+    ),
+]
+
+# The benchmark's sets, each drawn as its own panel row of the chart: the elementwise
+# expressions above (timed at each --sizes N) and the row-wise cases (at --row-shape).
+SETS = {"elementwise": EXPRESSIONS, "rowwise": ROWWISE}
 
 # The baselines: each expression written by hand in torch, as an experienced user would
 # who wants the accuracy symgrad gives (GELU through erfc, whose tail does not cancel as
@@ -180,12 +286,17 @@ class Row:
     floor_ms: float = float("nan")
     floor_saved: int | None = None  # bytes: saved_floor_tensors() input-sized float32 tensors
     error: str = ""
+    shape: tuple[int, int] | None = None  # row-wise cases: (rows, columns) of x; n is their product
+    not_yet: tuple[str, ...] = ()  # variants whose module generation made identical to the default's
+    saved_split: dict[str, SavedSplit] = field(default_factory=dict)  # row-wise cases
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7], help="element counts (default 1e6 1e7)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed runs at N <= 1e6 (default 15)")
+    parser.add_argument(
+        "--repeats", type=int, default=15, help="timed runs at N <= 1e6 and in the row-wise set (default 15)"
+    )
     parser.add_argument("--repeats-large", type=int, default=5, help="timed runs at N > 1e6 (default 5)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before timing (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see the docstring)")
@@ -193,6 +304,13 @@ def main() -> int:
     parser.add_argument("--png", help="also write a bar chart to this file (needs matplotlib)")
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
+    parser.add_argument(
+        "--sets", nargs="+", choices=list(SETS), default=list(SETS), help="which sets to run (default all)"
+    )
+    parser.add_argument(
+        "--row-shape", nargs=2, type=int, default=ROW_SHAPE, metavar=("ROWS", "COLUMNS"),
+        help=f"the row-wise set's shape (default {ROW_SHAPE[0]} {ROW_SHAPE[1]})",
+    )
     args = parser.parse_args()
 
     keep_freed_buffers(args.system_malloc)
@@ -215,8 +333,8 @@ def main() -> int:
     (package_dir / package / "__init__.py").write_text("")
     sys.path.insert(0, str(package_dir))
 
-    sets = {e[0]: set_name for set_name, members in SETS.items() for e in members}
-    expressions = [e for members in SETS.values() for e in members if not args.only or e[0] in args.only]
+    expressions = [e for e in EXPRESSIONS if "elementwise" in args.sets and (not args.only or e[0] in args.only)]
+    cases = [c for c in ROWWISE if "rowwise" in args.sets and (not args.only or c.name in args.only)]
     modules = {}
     for name, expr, inputs, domain in expressions:
         try:
@@ -232,7 +350,7 @@ def main() -> int:
             print(f"{name}: no saved-bytes floor: {type(exc).__name__}: {exc}", flush=True)
 
     rows = []
-    for size in args.sizes:
+    for size in args.sizes if expressions else ():
         n = int(size)
         bandwidth = copy_bandwidth(torch, n, device)
         print(f"N={n:.0e}: copy bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
@@ -241,18 +359,24 @@ def main() -> int:
             if name not in modules:
                 continue
             row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth, device)
-            row.set = sets[name]
             if name in floors:
                 row.floor_saved = 4 * n * floors[name]
             rows.append(row)
             print(progress_line(row), flush=True)
+    rowwise_rows = bench_rowwise(torch, cases, package_dir, package, tuple(args.row_shape), args, device)
     print(f"\nload average at end: {load()}")
-    print()
-    print(table(rows))
-    print()
-    print(summary(rows))
+    if rows:
+        print()
+        print(table(rows))
+        print()
+        print(summary(rows))
+    if rowwise_rows:
+        print()
+        print(rowwise_table(rowwise_rows))
+        print()
+        print(rowwise_summary(rowwise_rows))
     if args.png:
-        chart(rows, args.png)
+        chart(rows + rowwise_rows, args.png)
     return 0
 
 
@@ -349,52 +473,58 @@ def step(torch, fn, xs, upstream):
 
 
 def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float, device) -> Row:
-    """Time the six variants round-robin, so that load from other processes hits all alike,
-    in a new order each round."""
+    """Time the six variants, and torch's own function where it has one, for one
+    elementwise expression at ``n`` elements per input (:func:`measure`)."""
     row = Row(name, n)
     try:
         xs = make_inputs(torch, pair["symgrad"], n, device)
         upstream = (torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5).to(device)
-        timed = timer(torch, device)
-        fns = variants(torch, pair)
-        reference = None
-        for variant, fn in fns.items():
-            graphs = _compiled_graphs(torch)
-            # (the first call compiles where it compiles)
-            grads, first = timed(lambda: step(torch, fn, xs, upstream))
-            if variant in COMPILED:
-                row.compile_s[variant] = first
-            if variant == "compile" and _compiled_graphs(torch) == graphs:
-                # (A silent fallback to eager would make every ratio against compile wrong.)
-                raise RuntimeError("torch.compile compiled no graph: it ran the baseline eagerly")
-            if reference is None:
-                reference = grads
-            else:
-                for got, want in zip(grads, reference):
-                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-            del grads
-            row.saved[variant] = saved_bytes(torch, fn, xs)
-            if variant in EAGER_KERNELS:
-                row.kernels[variant] = kernel_count(torch, fn, xs, upstream)
-            for _ in range(warmup):
-                step(torch, fn, xs, upstream)
-        del reference
-        samples = {variant: [] for variant in fns}
-        order = list(fns.items())
-        shuffle = random.Random(0).shuffle  # fixed seed: the same orders in every run
-        for _ in range(repeats):
-            # A variant that always runs right after another one inherits its cache state
-            # and allocator pattern (5-20% at 1e6): a new order each round averages that out.
-            shuffle(order)
-            for variant, fn in order:
-                _, seconds = timed(lambda: step(torch, fn, xs, upstream))
-                samples[variant].append(seconds * 1e3)
-        for variant, values in samples.items():
-            row.times[variant] = (statistics.median(values), min(values), max(values))
+        measure(torch, row, variants(torch, pair), xs, upstream, repeats, warmup, timer(torch, device))
         row.floor_ms = floor_bytes(pair["symgrad"], n) / bandwidth * 1e3
     except Exception as exc:  # report, keep going
         row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     return row
+
+
+def measure(torch, row: Row, fns: dict, xs, upstream, repeats: int, warmup: int, timed) -> None:
+    """Fill ``row``'s compile times, saved bytes, kernel counts and times for ``fns`` (each
+    taking the input tensors ``xs``), checking that every variant's gradients match the
+    first's. Timed round-robin, so that load from other processes hits all alike, in a new
+    order each round."""
+    reference = None
+    for variant, fn in fns.items():
+        graphs = _compiled_graphs(torch)
+        # (the first call compiles where it compiles)
+        grads, first = timed(lambda: step(torch, fn, xs, upstream))
+        if variant in COMPILED:
+            row.compile_s[variant] = first
+        if variant == "compile" and _compiled_graphs(torch) == graphs:
+            # (A silent fallback to eager would make every ratio against compile wrong.)
+            raise RuntimeError("torch.compile compiled no graph: it ran the baseline eagerly")
+        if reference is None:
+            reference = grads
+        else:
+            for got, want in zip(grads, reference):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        del grads
+        row.saved[variant] = saved_bytes(torch, fn, xs)
+        if variant in EAGER_KERNELS:
+            row.kernels[variant] = kernel_count(torch, fn, xs, upstream)
+        for _ in range(warmup):
+            step(torch, fn, xs, upstream)
+    del reference
+    samples = {variant: [] for variant in fns}
+    order = list(fns.items())
+    shuffle = random.Random(0).shuffle  # fixed seed: the same orders in every run
+    for _ in range(repeats):
+        # A variant that always runs right after another one inherits its cache state
+        # and allocator pattern (5-20% at 1e6): a new order each round averages that out.
+        shuffle(order)
+        for variant, fn in order:
+            _, seconds = timed(lambda: step(torch, fn, xs, upstream))
+            samples[variant].append(seconds * 1e3)
+    for variant, values in samples.items():
+        row.times[variant] = (statistics.median(values), min(values), max(values))
 
 
 def _compiled_graphs(torch) -> int:
@@ -489,6 +619,183 @@ def copy_bandwidth(torch, n: int, device) -> float:
         dst.copy_(src)
     samples = [timed(lambda: dst.copy_(src))[1] for _ in range(20)]
     return 8 * n / statistics.median(samples)
+
+
+# The row-wise set ---------------------------------------------------------------------
+
+ROW_SHAPE = (2048, 1024)
+ROWWISE_VARIANTS = ("eager", "compile", "symgrad", "fused", TORCH_OWN)
+ROWWISE_SAVED = ("eager", TORCH_OWN, "compile", "symgrad")  # the saved-bytes columns, in order
+# Per-row statistics the saved-bytes rule allows: LayerNorm's mean and rstd, the most any
+# of the Functions issue 44 names keeps per row.
+ROW_STATISTICS = 2
+# Issue 44's time targets: default at most 1.25x the best of torch's own and eager autograd,
+# --fuse at most 1.15x torch.compile of the formula, geomean default/eager at most 0.5.
+DEFAULT_OVER_BEST, FUSED_OVER_COMPILE, GEOMEAN_DEFAULT_OVER_EAGER = 1.25, 1.15, 0.5
+
+
+@dataclass(frozen=True)
+class SavedSplit:
+    """What one implementation saves for backward, split as the saved-bytes rule reads it.
+
+    Attributes:
+        full: storages the size of x or larger (x itself, an output, a full intermediate).
+        per_row: bytes per row of the smaller tensors it computed (row statistics).
+        arguments: bytes of the smaller inputs and params it keeps as given (w, b, targets),
+            which every implementation may keep.
+    """
+
+    full: int
+    per_row: float
+    arguments: int
+
+    def meets_rule(self) -> bool:
+        """One full tensor plus at most ROW_STATISTICS float32 values per row."""
+        return self.full <= 1 and self.per_row <= 4 * ROW_STATISTICS
+
+    def __str__(self) -> str:
+        kept = f" + {_size(self.arguments)} of w, b, t" if self.arguments else ""
+        return f"{self.full} full + {self.per_row:.3g} B/row{kept}"
+
+
+def _size(nbytes: float) -> str:
+    """``nbytes`` in B, kB or MB, as the saved-bytes cells print it."""
+    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def saved_split(torch, fn, xs, arguments, shape: tuple[int, int]) -> SavedSplit:
+    """The unique storages autograd saves during one forward of ``fn(*xs)`` (counted as
+    :func:`saved_bytes` counts them), split by size and by whether they are one of
+    ``arguments`` (the call's tensors, params included)."""
+    given = {(a.untyped_storage().data_ptr(), a.device) for a in arguments if isinstance(a, torch.Tensor)}
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[(storage.data_ptr(), tensor.device)] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*xs)
+    del out
+    rows, columns = shape
+    full_bytes = 4 * rows * columns
+    small = {key: nbytes for key, nbytes in storages.items() if nbytes < full_bytes}
+    return SavedSplit(
+        full=len(storages) - len(small),
+        per_row=sum(nbytes for key, nbytes in small.items() if key not in given) / rows,
+        arguments=sum(nbytes for key, nbytes in small.items() if key in given),
+    )
+
+
+def generate_rowwise(package_dir: Path, package: str, case: RowwiseCase) -> dict:
+    """The default and ``--fuse`` modules for one case, imported. ``fused`` is left out
+    where its source is the default's but for the header (which names the options): there
+    is no fused module to time yet."""
+    import symgrad
+
+    sources = {
+        variant: symgrad.generate_source(case.expr, case.name, inputs=case.inputs, params=case.params, fuse=fuse)
+        for variant, fuse in (("symgrad", False), ("fused", True))
+    }
+    out = {}
+    for variant, source in sources.items():
+        if variant != "symgrad" and _without_header(source) == _without_header(sources["symgrad"]):
+            continue
+        stem = f"rowwise_{case.name.lower()}_{variant}"
+        (package_dir / package / f"{stem}.py").write_text(source)
+        out[variant] = importlib.import_module(f"{package}.{stem}")
+    return out
+
+
+def _without_header(source: str) -> str:
+    """A generated module's source after its leading comment lines."""
+    lines = source.splitlines(keepends=True)
+    return "".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("#")) :])
+
+
+def rowwise_arguments(torch, case: RowwiseCase, shape: tuple[int, int], device):
+    """The case's inputs (requiring grad) and params at ``shape``: x and y standard
+    normal, w near 1 and b near 0 (as trained norms have them), t uniform class indices."""
+    rows, columns = shape
+    generator = torch.Generator().manual_seed(0)
+    make = {
+        "x": lambda: torch.randn(rows, columns, generator=generator),
+        "y": lambda: torch.randn(rows, columns, generator=generator),
+        "w": lambda: 1 + 0.1 * torch.randn(columns, generator=generator),
+        "b": lambda: 0.1 * torch.randn(columns, generator=generator),
+    }
+    xs = [make[name]().to(device).requires_grad_() for name in case.inputs]
+    params = [
+        torch.randint(0, columns, (rows,), generator=generator).to(device) if name == "t" else case.values[name]
+        for name in case.params
+    ]
+    return xs, params
+
+
+def rowwise_reference(torch, case: RowwiseCase, body: str, label: str):
+    """``body`` (RowwiseCase.eager or .own) as a function of the inputs, then the params."""
+    import torch.nn.functional as F
+
+    source = f"lambda {', '.join(case.inputs + case.params)}: {body}"
+    code = compile(source, f"<{label} {case.name}>", "eval")  # (named in tracebacks)
+    return eval(code, {"torch": torch, "F": F})  # noqa: S307 (our own table)
+
+
+def rowwise_variants(torch, case: RowwiseCase, modules: dict, params: list) -> dict:
+    """The callables for one case, each taking the input tensors (params bound)."""
+    eager = rowwise_reference(torch, case, case.eager, "eager formula")
+    torch._dynamo.reset()  # (a clean slate per case, as for the elementwise set)
+    compiled = torch.compile(eager)
+    functions = {"eager": eager, "compile": compiled}
+    for variant in ("symgrad", "fused"):
+        if variant in modules:
+            functions[variant] = getattr(modules[variant], module_metadata(modules[variant])["alias"])
+    if case.own is not None:
+        functions[TORCH_OWN] = rowwise_reference(torch, case, case.own, "torch's own")
+    return {variant: _bound(function, params) for variant, function in functions.items()}
+
+
+def _bound(function, params: list):
+    return lambda *xs: function(*xs, *params)
+
+
+def bench_rowwise_one(torch, case: RowwiseCase, modules: dict, shape, repeats: int, warmup: int, device) -> Row:
+    """Time one row-wise case's variants (:func:`measure`) and split what each saves."""
+    row = Row(case.name, shape[0] * shape[1], set="rowwise", shape=shape)
+    row.not_yet = tuple(v for v in ("fused",) if v not in modules)
+    try:
+        xs, params = rowwise_arguments(torch, case, shape, device)
+        fns = rowwise_variants(torch, case, modules, params)
+        with torch.no_grad():
+            out_shape = fns["eager"](*xs).shape
+        upstream = (torch.rand(out_shape, generator=torch.Generator().manual_seed(1)) + 0.5).to(device)
+        measure(torch, row, fns, xs, upstream, repeats, warmup, timer(torch, device))
+        for variant, fn in fns.items():
+            row.saved_split[variant] = saved_split(torch, fn, xs, xs + params, shape)
+    except Exception as exc:  # report, keep going
+        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return row
+
+
+def bench_rowwise(torch, cases: list[RowwiseCase], package_dir: Path, package: str, shape, args, device) -> list[Row]:
+    """Generate and time every row-wise case at ``shape``, with ``--repeats`` timed runs."""
+    if cases:
+        print(f"row-wise set at {shape[0]}x{shape[1]}:", flush=True)
+    rows = []
+    for case in cases:
+        try:
+            modules = generate_rowwise(package_dir, package, case)
+        except Exception as exc:  # report, keep going
+            print(f"{case.name}: generation failed: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        row = bench_rowwise_one(torch, case, modules, shape, args.repeats, args.warmup, device)
+        rows.append(row)
+        print(progress_line(row), flush=True)
+    return rows
 
 
 def progress_line(row: Row) -> str:
@@ -633,8 +940,99 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def rowwise_table(rows: list[Row]) -> str:
+    """The row-wise set's times, saved bytes (in MB and split as the rule reads them),
+    kernel counts and compile times, one line per case."""
+    names = DISPLAY_NAMES
+    head = (
+        "| case | shape | "
+        + " | ".join(f"{names.get(v, v)} ms" for v in ROWWISE_VARIANTS)
+        + " | saved MB " + " / ".join(names.get(v, v) for v in ROWWISE_SAVED)
+        + " | saved: eager | saved: torch's own | saved: default"
+        + " | kernels eager / default | compile s (compile, fused) |"
+    )
+    columns = head.count("|") - 1
+    lines = [head, "|" + "---|" * columns]
+    for row in rows:
+        shape = f"{row.shape[0]}x{row.shape[1]}"
+        if row.error:
+            lines.append(f"| {row.name} | {shape} | error: {row.error} |" + " |" * (columns - 3))
+            continue
+
+        def cell(variant, show):
+            if variant in row.not_yet:
+                return "not yet"
+            return show(variant) if variant in row.times else "-"
+
+        cells = [row.name, shape]
+        cells += [cell(v, lambda v: fmt_time(row.times[v])) for v in ROWWISE_VARIANTS]
+        cells.append(" / ".join(f"{row.saved[v] / 1e6:.1f}" if v in row.saved else "-" for v in ROWWISE_SAVED))
+        cells += [str(row.saved_split[v]) if v in row.saved_split else "-" for v in ("eager", TORCH_OWN, "symgrad")]
+        cells.append(f"{row.kernels['eager']} / {row.kernels['symgrad']}")
+        cells.append(", ".join(cell(v, lambda v: f"{row.compile_s[v]:.1f}") for v in ("compile", "fused")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def rowwise_targets(row: Row, full_tensor_rule: bool) -> dict[str, str]:
+    """Issue 44's per-case targets for one row-wise case, each as 'ratio verdict'."""
+    t = {v: row.times[v][0] for v in row.times}
+    best = min(t[v] for v in ("eager", TORCH_OWN) if v in t)
+    ratio = t["symgrad"] / best
+    targets = {
+        f"default / best of torch's own, eager (<= {DEFAULT_OVER_BEST})": f"{ratio:.2f} {_verdict(ratio <= DEFAULT_OVER_BEST)}"
+    }
+    others = [v for v in ("eager", TORCH_OWN) if v in row.saved]
+    heavier = [
+        f"{_size(row.saved['symgrad'] - row.saved[v])} over {DISPLAY_NAMES.get(v, v)}"
+        for v in others
+        if row.saved["symgrad"] > row.saved[v]
+    ]
+    over = f" ({', '.join(heavier)})" if heavier else ""
+    targets["default saves no more than eager, torch's own"] = _verdict(not heavier) + over
+    split = row.saved_split["symgrad"]
+    rule = f"{_verdict(split.meets_rule())} ({split})" if full_tensor_rule else "-"
+    targets["one full tensor plus row statistics"] = rule
+    if "fused" in row.not_yet:
+        targets[f"fused / compile (<= {FUSED_OVER_COMPILE})"] = "not yet (--fuse generates the default module)"
+    else:
+        ratio = t["fused"] / t["compile"]
+        targets[f"fused / compile (<= {FUSED_OVER_COMPILE})"] = f"{ratio:.2f} {_verdict(ratio <= FUSED_OVER_COMPILE)}"
+    return targets
+
+
+def rowwise_summary(rows: list[Row]) -> str:
+    """Issue 44's targets per case, measured as ratios in this run, and the geometric mean."""
+    ok = [r for r in rows if not r.error]
+    if not ok:
+        return "row-wise set: no case without errors"
+    rules = {case.name: case.full_tensor_rule for case in ROWWISE}
+    per_case = {r.name: rowwise_targets(r, rules.get(r.name, False)) for r in ok}
+    head = list(next(iter(per_case.values())))
+    lines = ["| case | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 1)]
+    lines += [f"| {name} | " + " | ".join(targets[h] for h in head) + " |" for name, targets in per_case.items()]
+    ratio = geomean([r.times["symgrad"][0] / r.times["eager"][0] for r in ok])
+    lines.append("")
+    lines.append(
+        f"geometric mean of default / eager time over {len(ok)} cases: {ratio:.2f} "
+        f"(target <= {GEOMEAN_DEFAULT_OVER_EAGER}): {_verdict(ratio <= GEOMEAN_DEFAULT_OVER_EAGER)}"
+    )
+    for h in head:
+        missed = [name for name, targets in per_case.items() if "MISSED" in targets[h]]
+        measured = [name for name, targets in per_case.items() if targets[h] != "-" and "not yet" not in targets[h]]
+        lines.append(
+            f"{h}: measured on {len(measured)} of {len(per_case)} cases, missed by {', '.join(missed) or 'none'}"
+        )
+    return "\n".join(lines)
+
+
 # The chart's bars: (label, numerator, denominator) of a time ratio. A bar is left out of a
-# group whose row lacks its denominator (torch's own function, where torch has none).
+# group whose row lacks either (torch's own function, where torch has none; in the row-wise
+# set, speed, and fused where it is not yet its own module).
 CHART_RATIOS = (
     ("default / eager", "symgrad", "eager"),
     ("speed / eager", "speed", "eager"),
@@ -669,11 +1067,15 @@ def chart(rows: list[Row], path: str) -> None:
     for (set_name, n), (times_axis, saved_axis) in zip(panels, axes):
         at = [r for r in ok if (r.set, r.n) == (set_name, n)]
         _bar_groups(times_axis, at, [
-            (label, [r.times[a][0] / r.times[b][0] if b in r.times else None for r in at]) for label, a, b in CHART_RATIOS
+            (label, [r.times[a][0] / r.times[b][0] if a in r.times and b in r.times else None for r in at])
+            for label, a, b in CHART_RATIOS
         ])
         times_axis.axhline(1, color="k", linewidth=0.8)
         times_axis.set_ylabel("fwd+bwd time ratio (below 1: faster)")
-        times_axis.set_title(f"{set_name}, N={n:.0e} float32: time against eager, torch's own, compile")
+        size = f"{at[0].shape[0]}x{at[0].shape[1]}" if at[0].shape else f"N={n:.0e}"
+        not_yet = sorted({DISPLAY_NAMES.get(v, v) for r in at for v in r.not_yet})
+        pending = f" ({', '.join(not_yet)}: not yet)" if not_yet else ""
+        times_axis.set_title(f"{set_name}, {size} float32: time against eager, torch's own, compile{pending}")
         _bar_groups(saved_axis, at, [
             (DISPLAY_NAMES.get(v, v), [r.saved[v] / r.n if v in r.saved else None for r in at]) for v in CHART_SAVED
         ])
@@ -683,7 +1085,7 @@ def chart(rows: list[Row], path: str) -> None:
         saved_axis.set_ylabel("bytes saved for backward per element")
         saved_axis.set_title(f"{set_name}: saved bytes")
         for axis in (times_axis, saved_axis):
-            axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30)
+            axis.set_xticks(range(len(at)), [r.name for r in at], rotation=30, ha="right")
             axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=80)

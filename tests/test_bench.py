@@ -179,3 +179,142 @@ def test_ab_refuses_zero_calls(tmp_path):
     )
     assert result.returncode == 2
     assert "--calls and --rounds must be at least 1" in result.stderr.splitlines()[-1]
+
+
+def test_rowwise_set_runs_and_reports_the_issue_targets(tmp_path):
+    """The row-wise set end to end at a tiny shape: every case timed against eager, torch's
+    own and compile, the targets table, and its panel row in the chart."""
+    png = tmp_path / "rowwise.png"
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--sets", "rowwise", "--row-shape", "8", "16", "--repeats", "1", "--warmup", "0",
+         "--png", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "ERROR" not in out and "generation failed" not in out and "| Double |" not in out, out
+    lines = out.splitlines()
+    head = next(line for line in lines if line.startswith("| case | shape |")).split(" | ")
+    for name in ("Softmax", "RMSNorm", "LayerNorm", "CrossEntropy", "SwiGLU"):
+        cells = next(line for line in lines if line.startswith(f"| {name} | 8x16 |")).split(" | ")
+        for variant in ("eager ms", "compile ms", "default ms", "torch's own ms"):
+            assert cells[head.index(variant)][0].isdigit(), (name, variant, out)
+        # --fuse is timed where it generates a module of its own, else reported as not yet
+        fused = cells[head.index("fused ms")]
+        assert fused == "not yet" or fused[0].isdigit(), out
+    assert "| case | default / best of torch's own, eager (<= 1.25) |" in out, out
+    assert "geometric mean of default / eager time over 11 cases" in out, out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not png.exists()
+    else:
+        assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), out
+
+
+@pytest.fixture(scope="module")
+def rowwise_modules(bench, tmp_path_factory):
+    """Each row-wise case's default (and --fuse) modules, as bench.generate_rowwise writes them."""
+    directory = tmp_path_factory.mktemp("bench_rowwise")
+    package = "bench_rowwise_modules"
+    (directory / package).mkdir()
+    (directory / package / "__init__.py").write_text("")
+    sys.path.insert(0, str(directory))
+    try:
+        yield {case.name: bench.generate_rowwise(directory, package, case) for case in bench.ROWWISE}
+    finally:
+        sys.path.remove(str(directory))
+
+
+def _rowwise_case(bench, name):
+    return next(case for case in bench.ROWWISE if case.name == name)
+
+
+def test_rowwise_cases_are_the_generated_textbook_formulas(bench):
+    """The row-wise set benchmarks the formulas [tool.symgrad] generates into generated/."""
+    import tomllib
+
+    pyproject = tomllib.loads((BENCH.parents[1] / "pyproject.toml").read_text())
+    configured = {f["name"]: f for f in pyproject["tool"]["symgrad"]["functions"]}
+    for case in bench.ROWWISE:
+        assert configured[case.name]["expr"] == case.expr, case.name
+        if "inputs" in configured[case.name]:  # (else the expression's symbols, as bench passes them)
+            assert tuple(configured[case.name]["inputs"]) == case.inputs, case.name
+
+
+def test_rowwise_references_compute_the_formula(bench, rowwise_modules):
+    """The eager formula and torch's own function each case is timed against give the
+    default module's values and gradients (float64, a small shape)."""
+    import torch
+
+    for case in bench.ROWWISE:
+        module = rowwise_modules[case.name]["symgrad"]
+        xs, params = bench.rowwise_arguments(torch, case, (6, 8), "cpu")
+        xs = [x.detach().double().requires_grad_() for x in xs]
+        want = getattr(module, metadata_of(module)["alias"])(*xs, *params)
+        upstream = torch.rand_like(want)
+        want_grads = torch.autograd.grad(want, xs, upstream)
+        for body in (case.eager, case.own):
+            got = bench.rowwise_reference(torch, case, body, "test")(*xs, *params)
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=f"{case.name}: {body}")
+            for a, b in zip(torch.autograd.grad(got, xs, upstream), want_grads):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=f"{case.name}: {body}")
+
+
+def _saved_storages(torch, fn, xs):
+    """(output, data pointers of the storages autograd saves during one forward)."""
+    pointers = []
+
+    def pack(tensor):
+        pointers.append(tensor.untyped_storage().data_ptr())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*xs)
+    return out, set(pointers)
+
+
+def test_softmax_saves_its_output_alone(bench, rowwise_modules):
+    import torch
+
+    module = rowwise_modules["Softmax"]["symgrad"]
+    softmax = getattr(module, metadata_of(module)["alias"])
+    xs, _ = bench.rowwise_arguments(torch, _rowwise_case(bench, "Softmax"), (8, 16), "cpu")
+    out, pointers = _saved_storages(torch, softmax, xs)
+    assert pointers == {out.untyped_storage().data_ptr()}
+    assert bench.saved_bytes(torch, softmax, xs) == 4 * 8 * 16
+    split = bench.saved_split(torch, softmax, xs, xs, (8, 16))
+    assert (split.full, split.per_row, split.arguments) == (1, 0, 0) and split.meets_rule()
+
+
+def test_rms_norm_saves_one_full_tensor_plus_one_value_per_row(bench, rowwise_modules):
+    """x, w as given and one float32 statistic per row, as Liger's and unsloth's RMSNorm."""
+    import torch
+
+    case = _rowwise_case(bench, "RMSNorm")
+    module = rowwise_modules["RMSNorm"]["symgrad"]
+    xs, params = bench.rowwise_arguments(torch, case, (8, 16), "cpu")
+    rms_norm = bench._bound(getattr(module, metadata_of(module)["alias"]), params)
+    x, w = xs
+    _, pointers = _saved_storages(torch, rms_norm, xs)
+    assert {x.untyped_storage().data_ptr(), w.untyped_storage().data_ptr()} <= pointers and len(pointers) == 3
+    assert bench.saved_bytes(torch, rms_norm, xs) == 4 * 8 * 16 + 4 * 16 + 4 * 8
+    split = bench.saved_split(torch, rms_norm, xs, xs + params, (8, 16))
+    assert (split.full, split.per_row, split.arguments) == (1, 4, 4 * 16) and split.meets_rule()
+    # the eager formula keeps x and the normalised x: two full tensors, over the rule
+    eager = bench._bound(bench.rowwise_reference(torch, case, case.eager, "eager"), params)
+    assert not bench.saved_split(torch, eager, xs, xs + params, (8, 16)).meets_rule()
+
+
+def test_fused_is_not_yet_only_where_its_source_is_the_default_one(bench):
+    """The row-wise set times ``--fuse`` only where it generates a module of its own: the
+    comparison ignores the header (which names the options), and sees a fused body."""
+    import symgrad
+
+    default = symgrad.generate_source("exp(x)/sum(exp(x), -1)", "Softmax")
+    reheaded = default.replace("--name Softmax", "--name Softmax --fuse", 1)
+    assert reheaded != default and bench._without_header(reheaded) == bench._without_header(default)
+    mish, mish_fused = (symgrad.generate_source("x*tanh(log(1+exp(x)))", "Mish", fuse=fuse) for fuse in (False, True))
+    assert bench._without_header(mish) != bench._without_header(mish_fused)
