@@ -22,7 +22,7 @@ from typing import Callable
 
 import sympy
 
-from ..codegen.printer import print_tree
+from ..codegen.printer import helpers_used, print_tree
 from ..codegen.syntax import NONE, Code, attribute, call, compare, if_else, method, name, string, unary
 from ..derive.rowwise import EVERY, jvp, reduced_dims, vjp
 from ..math.reductions import (
@@ -39,6 +39,7 @@ from ..math.reductions import (
     print_dims,
 )
 from ..frontend.parse import Parsed
+from ..math.functions import sigmoid, silu
 from ..naming import snake_case
 from .assemble import _with_helpers
 from dataclasses import replace
@@ -76,6 +77,8 @@ class _Planner:
         self.p = parsed
         # --fuse's pure functions read ctx's values as their parameters.
         self.pure = False
+        # The module-level helpers the printed code calls (printer.HELPERS).
+        self.helpers: frozenset[str] = frozenset()
         self.spec = parsed.spec
         self.inputs = parsed.inputs
         self.params = parsed.params
@@ -91,6 +94,10 @@ class _Planner:
         self.adjoints = [sympy.Symbol(g, real=True) for g in self.grads]
         self.result_symbols = [sympy.Symbol(r, real=True) for r in self.results]
         self.tangent_symbols = {s: sympy.Symbol(f"{s.name}_tangent", real=True) for s in self.inputs}
+        # Whether tensors of several shapes may meet: several inputs, or a param (a gather's
+        # index has the rows' shape, and a number param none).
+        indices = {n.index for f in self.outputs for n in sympy.preorder_traversal(f) if isinstance(n, Gather)}
+        self.broadcasts = len(self.inputs) + len([p for p in self.params if p not in indices]) > 1
         self.norm = match_norm_kernel(self.outputs[0], self.inputs, self.params) if len(self.outputs) == 1 else None
         for symbol in self.adjoints + self.result_symbols + list(self.tangent_symbols.values()):
             self.names[symbol] = symbol.name
@@ -167,6 +174,8 @@ class _Planner:
             if self.spec.inplace:
                 raise SymgradError("--fuse and --inplace cannot be combined: an in-place Function is not fused")
             fused, forward, backward, jvp_method = self.fused(saving, forward, backward, jvp_method)
+        # (the helpers the printed bodies call, with the module's entry point's method)
+        forward = replace(forward, value_helpers=forward.value_helpers | self.helpers)
         public = tuple(s.name for s in self.inputs + self.params)
         n_out = len(self.outputs)
         extra = len(saving.stats)
@@ -246,6 +255,7 @@ class _Planner:
         return fused, calling_forward, calling_backward, calling_jvp
 
     def print(self, expr: sympy.Expr) -> Code:
+        self.helpers |= helpers_used(expr)
         return print_tree(expr, self.names)
 
     def body(self, exprs: list[sympy.Expr], prefix: str = "t") -> tuple[list[Assign], list[Code]]:
@@ -254,13 +264,22 @@ class _Planner:
         return statements, [self.print(e) for e in reduced]
 
     def cse(self, exprs: list[sympy.Expr], prefix: str) -> tuple[list[Assign], list[sympy.Expr]]:
+        # A count reads the shapes of the tensors its operand is computed from: kept out of
+        # CSE, which would name a temporary there (its shape, computed for nothing).
+        counts = {}
+        for expr in exprs:
+            for node in sympy.preorder_traversal(expr):
+                if isinstance(node, Count):
+                    counts.setdefault(node, sympy.Dummy(f"count{len(counts)}", positive=True, integer=True))
+        back = {dummy: node for node, dummy in counts.items()}
         temporaries = sympy.numbered_symbols(prefix, real=True)
-        pairs, reduced = sympy.cse(exprs, symbols=temporaries, order="canonical", ignore=tuple(self.adjoints))
+        hidden = [e.xreplace(counts) for e in exprs]
+        pairs, reduced = sympy.cse(hidden, symbols=temporaries, order="canonical", ignore=tuple(self.adjoints))
         statements = []
         for symbol, value in pairs:
             self.names[symbol] = symbol.name
-            statements.append(Assign(symbol.name, self.print(value)))
-        return statements, list(reduced)
+            statements.append(Assign(symbol.name, self.print(value.xreplace(back))))
+        return statements, [e.xreplace(back) for e in reduced]
 
     def squeezed(self, expr: sympy.Expr, dims) -> Code:
         """``expr`` printed, with the size-1 ``dims`` of a reduced output dropped."""
@@ -348,7 +367,7 @@ class _Planner:
     def _reshapes_gradient(self, j: int) -> bool:
         """Whether input j's gradient may need summing or expanding to its shape: several
         tensors broadcast together, or a gradient reduced along a dim."""
-        return len(self.inputs) + len(self.params) > 1 or self._gradient_is_reduced(j)
+        return self.broadcasts or self._gradient_is_reduced(j)
 
     def _gradient_is_reduced(self, j: int) -> bool:
         dims = self.value_dims(self._saving.vjps[j])
@@ -393,7 +412,7 @@ class _Planner:
             shape = name(f"{x.name}_shape") if self.pure else attribute("ctx", f"{x.name}_shape")
             if saving.vjps[j] == 0:
                 final.append(NONE)
-            elif len(self.inputs) + len(self.params) > 1:
+            elif self.broadcasts:
                 final.append(call("_reduced_to", value, shape))
                 helpers = frozenset({"_reduced_to"})
             elif dims == EVERY or dims:
@@ -608,11 +627,15 @@ def stabilised(expr: sympy.Expr) -> sympy.Expr:
     ``exp(e - logsumexp(e, d))`` softmax."""
 
     def rewrite(node: sympy.Expr) -> sympy.Expr:
-        if isinstance(node, Gather) and type(node.operand) is LogSoftmax:
-            # A gathered log_softmax is the gathered logit less the row's logsumexp: no
-            # full-size log-probabilities, and backward reads the logsumexp (cross-entropy).
-            inner = node.operand
-            return Gather(inner.operand, node.index) - _LSE(inner.operand, inner.dims)
+        if node.is_Mul:
+            # u*sigmoid(u) is torch's silu kernel (SwiGLU's gate): one pass, not two
+            for factor in node.args:
+                if isinstance(factor, sigmoid) and factor.args[0] in node.args:
+                    u = factor.args[0]
+                    rest = list(node.args)
+                    rest.remove(factor)
+                    rest.remove(u)
+                    return sympy.Mul(*rest) * silu(u)
         if isinstance(node, sympy.log) and type(node.args[0]) is Softmax:
             return LogSoftmax(*node.args[0].args)
         if isinstance(node, sympy.log) and isinstance(node.args[0], ReduceSum):
@@ -638,20 +661,9 @@ def stabilised(expr: sympy.Expr) -> sympy.Expr:
                     return LogSoftmax(lse.operand, lse.dims)
         return node
 
-    stable = _bottom_up(expr, rewrite)
-    if isinstance(stable, Softmax):
-        return stable  # (an output of its own: torch's kernel, and its backward kernel)
-
-    def through_lse(node: sympy.Expr) -> sympy.Expr:
-        # Inside an expression, softmax and log_softmax read the row's logsumexp, which
-        # backward then reads too (one value per row, not a second full-size tensor).
-        if type(node) is LogSoftmax:
-            return node.operand - _LSE(node.operand, node.dims)
-        if type(node) is Softmax:
-            return sympy.exp(node.operand - _LSE(node.operand, node.dims))
-        return node
-
-    return _bottom_up(stable, through_lse)
+    # (softmax and log_softmax stay torch's kernels inside an expression too: one fused pass
+    # each, where x - logsumexp(x) is a reduction and two more passes)
+    return _bottom_up(expr, rewrite)
 
 
 from ..math.reductions import LogSumExp as _LSE  # noqa: E402
