@@ -47,12 +47,14 @@ SECOND_ARGUMENT = {"atan2": 0.7, "logaddexp": 0.3, "hypot": 0.3, "xlogy": 1.7}
 def _printed_functions():
     """(name, torch callable, sample points) for every function of the table that the printer
     spells as one torch function."""
-    from symgrad.frontend.grammar import FUNCTIONS
+    from symgrad.frontend.grammar import FUNCTIONS, ROW_FUNCTIONS
 
     out = []
     for entry in sorted(FUNCTIONS.values(), key=lambda e: e.name):
         if not entry.torch.startswith("torch.") or " " in entry.torch or entry.name in ("abs", "Piecewise"):
-            continue  # (Max/Min, gamma's lgamma + sign, Tensor.sum, where: not one kernel of x)
+            continue  # (Max/Min, gamma's lgamma + sign, where: not one kernel of x)
+        if entry.name in ROW_FUNCTIONS:
+            continue  # (along a dim, not elementwise: tests/test_rowwise.py compiles those)
         fn = torch
         for part in entry.torch.split(".")[1:]:
             fn = getattr(fn, part)
