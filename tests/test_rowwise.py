@@ -447,3 +447,17 @@ def test_norm_weights_of_another_shape_run_the_formula(name, modules):
     torch.testing.assert_close(function(*wide), want)
     assert torch.autograd.gradcheck(function, wide)
     assert torch.autograd.gradgradcheck(function, wide)
+
+
+def test_a_float_class_index_is_refused_at_call_time(modules):
+    """The rank and the index's dtype are known when the module runs: torch's own one-line
+    errors say what is wrong (docs/limits.md, "Row-wise limits")."""
+    x = torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match="gather.*int64"):
+        _alias(modules["CrossEntropy"])(x, torch.tensor([1.0, 0.0, 5.0, 2.0]))
+
+def test_a_dim_out_of_range_is_refused_at_call_time(tmp_path):
+    module = _load(Case("ThirdDim", "sum(x, 2)", lambda x: x.sum(2)), tmp_path)
+    torch.testing.assert_close(_alias(module)(torch.ones(2, 3, 4)), torch.full((2, 3), 4.0))
+    with pytest.raises(IndexError, match="[Dd]imension out of range"):
+        _alias(module)(torch.randn(4, 6))
