@@ -129,6 +129,51 @@ def _topological(roots: list[sympy.Expr]) -> list[sympy.Expr]:
     return order[::-1]
 
 
+class KernelGradient(sympy.Function):
+    """``upstream * f'(u)`` computed by ATen's backward kernel for ``f`` (rewrite.kernels.KERNELS):
+    one pass, where the formula takes several. Args: upstream, u, f's name as a Symbol."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("KernelGradient is a backward value: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer):
+        upstream, u, kind = self.args
+        return _BACKWARD_KERNELS_BY_NAME[kind.name].call(printer._print(upstream), printer._print(u))
+
+    def _sympystr(self, printer):
+        upstream, u, kind = self.args
+        return f"{printer._print(upstream)}*{kind.name}'({printer._print(u)})"
+
+
+def formula_of_kernels(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each KernelGradient written as its formula, ``upstream * f'(u)``:
+    differentiable, for create_graph's backward."""
+
+    def formula(node: KernelGradient) -> sympy.Expr:
+        upstream, u, kind = node.args
+        function = {cls.__name__: cls for cls in _BACKWARD_KERNELS}[kind.name]
+        dummy = sympy.Dummy("u", real=True)
+        return upstream * function(dummy).diff(dummy).xreplace({dummy: u})
+
+    return expr.replace(lambda e: isinstance(e, KernelGradient), formula)
+
+
+def _kernels() -> dict:
+    from ..math.functions import mish, sigmoid, silu, softplus
+    from ..rewrite.kernels import KERNELS
+
+    by_name = {kernel.function: kernel for kernel in KERNELS}
+    classes = {"softplus": softplus, "silu": silu, "sigmoid": sigmoid, "tanh": sympy.tanh, "mish": mish}
+    return {classes[name]: kernel for name, kernel in by_name.items() if name in classes}
+
+
+_BACKWARD_KERNELS = _kernels()
+_BACKWARD_KERNELS_BY_NAME = {cls.__name__: kernel for cls, kernel in _BACKWARD_KERNELS.items()}
+
+
 @dataclass(frozen=True)
 class RowDerivatives:
     """Each input's gradient (VJP) and each output's tangent (jvp), as expressions in the
@@ -159,6 +204,9 @@ def vjp(
             continue  # (its input's gradient puts the chunks' side by side, below)
         if isinstance(node, RowFunction):
             contributions = [(node.operand, node.vjp(upstream))]
+        elif type(node) in _BACKWARD_KERNELS and node.args[0].free_symbols & wanted:
+            # upstream * f'(u) in one ATen pass (silu_backward, softplus_backward, ...)
+            contributions = [(node.args[0], KernelGradient(upstream, node.args[0], sympy.Symbol(type(node).__name__)))]
         else:
             contributions = [(arg, upstream * partial) for arg, partial in _partials(node)]
         for arg, value in contributions:

@@ -24,7 +24,7 @@ import sympy
 
 from ..codegen.printer import helpers_used, print_tree
 from ..codegen.syntax import NONE, Code, attribute, call, compare, if_else, method, name, string, unary
-from ..derive.rowwise import EVERY, jvp, reduced_dims, vjp
+from ..derive.rowwise import EVERY, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
 from ..math.reductions import (
     Count,
     Gather,
@@ -402,9 +402,30 @@ class _Planner:
             head.append(Comment("under create_graph, the row values are recomputed so that they are differentiable"))
             head.append(If(call("torch.is_grad_enabled"), tuple(recompute)))
         kernel = _kernel_backward(self, saving)
-        statements, reduced = self.cse(list(saving.vjps), "t")
+        with_kernels = any(v.has(KernelGradient) for v in saving.vjps)
+        formula_vjps = [formula_of_kernels(v) for v in saving.vjps]
+        if with_kernels and kernel is None:
+            # ATen's backward kernels (silu_backward, ...) have no derivative of their own:
+            # first-order backward calls them, create_graph's the formula.
+            kernel_statements, kernel_values, _ = self.gradients(list(saving.vjps), saving)
+            kernel = (*kernel_statements, Return(tuple(kernel_values)))
+        statements, final, helpers = self.gradients(formula_vjps, saving)
+        numbers = tuple(s.name for s in saving.inputs if s in self.params)
+        unpack = Unpack(tuple(saved), numbers) if saved else None
+        if kernel is not None:
+            condition = unary("not", call("torch.is_grad_enabled"))
+            if self.norm is not None:
+                for role in self.norm.roles[1:]:
+                    condition = _and(condition, compare(attribute(role.name, "shape"), "==", _from_last(self.norm.roles[0])))
+            head.append(If(condition, kernel))
+        return Method(
+            params=params, body=tuple(head) + tuple(statements), values=tuple(final), unpack=unpack, value_helpers=helpers
+        )
+
+    def gradients(self, vjps: list[sympy.Expr], saving: _Saving) -> tuple[list, list[Code], frozenset[str]]:
+        """The statements and the returned gradients (shaped to their inputs) of ``vjps``."""
+        statements, reduced = self.cse(vjps, "t")
         values = [self.print(e) for e in reduced]
-        everything = frozenset(self.inputs + self.params)
         final: list[Code] = []
         helpers: frozenset[str] = frozenset()
         for j, (x, value) in enumerate(zip(self.inputs, values)):
@@ -420,17 +441,7 @@ class _Planner:
             else:
                 final.append(value)
         final += [NONE] * len(self.params)
-        numbers = tuple(s.name for s in saving.inputs if s in self.params)
-        unpack = Unpack(tuple(saved), numbers) if saved else None
-        if kernel is not None:
-            condition = unary("not", call("torch.is_grad_enabled"))
-            if self.norm is not None:
-                for role in self.norm.roles[1:]:
-                    condition = _and(condition, compare(attribute(role.name, "shape"), "==", _from_last(self.norm.roles[0])))
-            head.append(If(condition, kernel))
-        return Method(
-            params=params, body=tuple(head) + tuple(statements), values=tuple(final), unpack=unpack, value_helpers=helpers
-        )
+        return statements, final, helpers
 
     def jvp(self) -> tuple[Method, tuple[str, ...]]:
         if self.p.vjps:
