@@ -193,7 +193,8 @@ class Softmax(RowFunction):
     keeps_shape = True
 
     def vjp(self, adjoint):
-        return self * (adjoint - ReduceSum(adjoint * self, self.dims))
+        # y*(g - sum(g*y)) in ATen's one fused pass (differentiable: double backward works)
+        return SoftmaxBackward(adjoint, self, self.dims, sympy.S.Zero)
 
     def jvp(self, tangent):
         return self * (tangent - ReduceSum(tangent * self, self.dims))
@@ -208,10 +209,40 @@ class LogSoftmax(Softmax):
     torch_name = "log_softmax"
 
     def vjp(self, adjoint):
-        return adjoint - Softmax(*self.args) * ReduceSum(adjoint, self.dims)
+        # g - softmax*sum(g) in ATen's one fused pass, from the log_softmax output
+        return SoftmaxBackward(adjoint, self, self.dims, sympy.S.One)
 
     def jvp(self, tangent):
         return tangent - ReduceSum(Softmax(*self.args) * tangent, self.dims)
+
+
+class SoftmaxBackward(sympy.Function):
+    """The VJP of a softmax or log_softmax ``y`` for the adjoint ``g``: ATen's
+    ``_softmax_backward_data`` / ``_log_softmax_backward_data``, one fused pass. Args: g,
+    y (the value, or the saved output's symbol), dims, 1 for log_softmax else 0."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("SoftmaxBackward is a backward value: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def formula(self) -> sympy.Expr:
+        adjoint, y, dims, log = self.args
+        if log:
+            return adjoint - sympy.exp(y) * ReduceSum(adjoint, dims)
+        return y * (adjoint - ReduceSum(adjoint * y, dims))
+
+    def _symgrad_torch(self, printer) -> Code:
+        adjoint, y, dims, log = self.args
+        kernel = "_log_softmax_backward_data" if log else "_softmax_backward_data"
+        # (input_dtype: the dtype of the tensor the softmax was taken of, its input's)
+        leaves = _leaves(y, frozenset())
+        dtype = attribute(leaves[0].name, "dtype") if leaves else attribute(printer._print(y), "dtype")
+        return call(f"torch.ops.aten.{kernel}", printer._print(adjoint), printer._print(y), dims_code(dims), dtype)
+
+    def _sympystr(self, printer) -> str:
+        return printer._print(self.formula())
 
 
 class Gather(RowFunction):

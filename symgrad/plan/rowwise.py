@@ -612,7 +612,8 @@ _SURROGATE_REFUSAL = (
 
 
 def _kernel_backward(planner: _Planner, saving: _Saving):
-    """First-order backward by torch's own kernel: softmax's, log_softmax's, layer norm's."""
+    """First-order backward by torch's own kernel where one computes the whole VJP: layer
+    norm's. (Softmax's and log_softmax's are the VJP's own nodes: math.reductions.SoftmaxBackward.)"""
     norm = planner.norm
     if norm is not None and norm.backward is not None:
         # (its gradients come in (x, w, b) order; the params' are None)
@@ -622,14 +623,7 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
         kernel = Assign(", ".join(gradients[r] for r in norm.roles), norm.backward(needs))
         values = [name(gradients[x]) for x in planner.inputs] + [NONE] * len(planner.params)
         return (kernel, Return(tuple(values)))
-    if len(planner.outputs) != 1 or len(planner.inputs) != 1 or saving.outputs != (0,):
-        return None
-    f = planner.outputs[0]
-    if not isinstance(f, Softmax) or f.operand != planner.inputs[0]:
-        return None
-    kernel = "_softmax_backward_data" if type(f) is Softmax else "_log_softmax_backward_data"
-    g, y = planner.grads[0], planner.results[0]
-    return (Return((call(f"torch.ops.aten.{kernel}", g, y, dims_code(f.dims), attribute(y, "dtype")),)),)
+    return None
 
 
 def stabilised(expr: sympy.Expr) -> sympy.Expr:
