@@ -461,3 +461,31 @@ def test_a_dim_out_of_range_is_refused_at_call_time(tmp_path):
     torch.testing.assert_close(_alias(module)(torch.ones(2, 3, 4)), torch.full((2, 3), 4.0))
     with pytest.raises(IndexError, match="[Dd]imension out of range"):
         _alias(module)(torch.randn(4, 6))
+
+
+# --save speed: backward also reads the softmax or log_softmax forward computed (cross-entropy's
+# log-probabilities, as F.cross_entropy keeps them), where --save memory recomputes it.
+SPEED_CASES = [c for c in CASES if c.name in ("CrossEntropy", "LabelSmoothedCrossEntropy", "Entropy")]
+
+
+@pytest.mark.parametrize("case", SPEED_CASES, ids=lambda c: c.name)
+def test_save_speed_keeps_the_log_probabilities_and_the_contract(case, tmp_path):
+    source = generate_source(case.expr, case.name + "Speed", inputs=case.inputs, params=case.params, save="speed")
+    path = tmp_path / f"speed_{case.name.lower()}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    assert "torch.log_softmax(x, -1)" not in source.split("def backward")[1].split("torch.is_grad_enabled()")[0]
+    alias = _alias(module)
+    tensors, params = _args(case)
+    function = lambda *xs: alias(*xs, *params)  # noqa: E731
+    torch.testing.assert_close(function(*tensors), case.reference(*tensors, *params))
+    assert torch.autograd.gradcheck(function, tensors)
+    assert torch.autograd.gradgradcheck(function, tensors)
+    assert torch.autograd.gradcheck(function, tensors, check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False)
+    batched = [torch.stack([t, 2 * t]).detach() for t in tensors]
+    torch.testing.assert_close(
+        torch.func.vmap(function)(*batched), torch.stack([function(*[b[k] for b in batched]) for k in range(2)])
+    )

@@ -59,7 +59,12 @@ class _Saving:
     stats: tuple[tuple[sympy.Symbol, sympy.Expr], ...]  # row values it reads, with their forward formula
 
     def full_tensors(self, inputs: tuple[sympy.Symbol, ...], reduced: list) -> int:
-        return sum(1 for s in self.inputs if s in inputs) + sum(1 for i in self.outputs if not reduced[i])
+        full_stats = sum(1 for _, node in self.stats if isinstance(node, Softmax))
+        return sum(1 for s in self.inputs if s in inputs) + sum(1 for i in self.outputs if not reduced[i]) + full_stats
+
+    def recomputed(self) -> int:
+        """How many softmax and log_softmax tensors backward computes again."""
+        return sum(1 for v in self.vjps for n in sympy.preorder_traversal(v) if isinstance(n, Softmax))
 
 
 def forward_outputs(parsed: Parsed) -> tuple[sympy.Expr, ...]:
@@ -108,10 +113,16 @@ class _Planner:
         raw = tuple(self.counted_by_inputs(v) for v in vjp(list(self.outputs), self.adjoints, self.inputs))
         given = dict(self.p.vjps)  # --vjp: the user's whole gradients (grad_output is the adjoint)
         raw = tuple(given.get(x, v) for x, v in zip(self.inputs, raw))
-        options = [self._with_stats(raw, outputs=False), self._with_stats(raw, outputs=True)]
+        # --save memory: the fewest full-size tensors. --save speed: also a softmax or
+        # log_softmax forward computed (cross-entropy's log-probabilities), where backward
+        # would compute it again: the fewest recomputed first.
+        full = (False, True) if self.spec.save == "speed" else (False,)
+        options = [self._with_stats(raw, outputs, keep) for outputs in (False, True) for keep in full]
+        if self.spec.save == "speed":
+            return min(options, key=lambda o: (o.recomputed(), o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
         return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
 
-    def _with_stats(self, raw: tuple[sympy.Expr, ...], outputs: bool) -> _Saving:
+    def _with_stats(self, raw: tuple[sympy.Expr, ...], outputs: bool, full: bool = False) -> _Saving:
         replacements: dict[sympy.Expr, sympy.Expr] = {}
         if outputs:
             for i, f in enumerate(self.outputs):
@@ -129,9 +140,12 @@ class _Planner:
                 stats[formula] = symbol
         for v in vjps:
             for node in sympy.preorder_traversal(v):
-                if isinstance(node, Reduction) and node.free_symbols & set(self.inputs) and _in_forward(node, self.outputs):
+                kept = isinstance(node, Reduction) or (full and isinstance(node, Softmax))
+                if kept and node.free_symbols & set(self.inputs) and _in_forward(node, self.outputs):
                     if not (node.free_symbols & set(self.adjoints)):
-                        stats.setdefault(node, sympy.Symbol(f"row{len(stats)}", real=True))
+                        label = type(node).torch_name if isinstance(node, Softmax) else "row"
+                        taken = sum(1 for symbol in stats.values() if symbol.name.startswith(label))
+                        stats.setdefault(node, sympy.Symbol(f"{label}{taken}", real=True))
         vjps = tuple(_outside_counts(v, stats) for v in vjps)
         used = set().union(*(v.free_symbols for v in vjps))
         if self.norm is not None and self.norm.backward is not None:
@@ -399,7 +413,7 @@ class _Planner:
             recompute = []
             for symbol, node in saving.stats:
                 recompute.append(Assign(symbol.name, self.print(node)))
-            head.append(Comment("under create_graph, the row values are recomputed so that they are differentiable"))
+            head.append(Comment("under create_graph, the saved forward values are recomputed so that they are differentiable"))
             head.append(If(call("torch.is_grad_enabled"), tuple(recompute)))
         kernel = _kernel_backward(self, saving)
         with_kernels = any(v.has(KernelGradient) for v in saving.vjps)
@@ -490,7 +504,9 @@ class _Planner:
 
     def saved_comment(self, saving: _Saving) -> tuple[str, ...]:
         parts = [s.name for s in saving.inputs] + [self.results[i] for i in saving.outputs]
-        parts += [f"{s.name} = {node} (one value per row)" for s, node in saving.stats]
+        parts += [
+            f"{s.name} = {node}" + ("" if isinstance(node, Softmax) else " (one value per row)") for s, node in saving.stats
+        ]
         why = " (the gradient is written in the output)" if saving.outputs and not saving.inputs else ""
         return (f"Saved for backward: {', '.join(parts)}{why}.",)
 
