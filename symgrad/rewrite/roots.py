@@ -6,7 +6,7 @@ and real powers of absolute values.
 from __future__ import annotations
 
 import sympy
-from sympy.codegen.cfunctions import expm1
+from sympy.codegen.cfunctions import expm1, log1p
 
 from ..math.functions import finite, hypot, hypot_excess, hypot_order, hypot_plus, norm_ratio, power_excess
 from .patterns import _affine, _expand, _MAX_PASSES, _number, _replace_each, _ROOT_SUMS, _size, same_number
@@ -568,3 +568,71 @@ def _fractional_power(expr: sympy.Expr) -> bool:
     """Whether ``expr`` is a power with a real exponent that may not be an integer (an
     integer power is finite as written)."""
     return bool(expr.is_Pow and expr.exp.is_extended_real is True and not expr.exp.is_integer)
+
+
+# -- powers that overflow where the value they feed does not ------------------------------
+
+
+def _overflowing_powers(expr: sympy.Expr) -> sympy.Expr:
+    """_log1p_of_power on every log1p, then _power_ratio on every product: a pass after the
+    bottom-up rules, whose branches hold the node as written (the rules would take it again)."""
+    expr = _replace_each(expr, log1p, _log1p_of_power)
+    return _replace_each(expr, sympy.Mul, _power_ratio)
+
+
+def _large_power(term: sympy.Expr):
+    """(k, u, p) for ``k*u**p`` with a number k > 0, an affine non-constant u and an integer
+    p >= 2 that is even or has u positive (so that k*u**p >= 0); else None."""
+    k, power = term.as_coeff_Mul()
+    u, p = power.as_base_exp()
+    if not (k.is_positive and p.is_Integer and p >= 2 and (p % 2 == 0 or u.is_positive)):
+        return None
+    if u.is_number or not _affine(u):
+        return None
+    return k, u, p
+
+
+def _log1p_of_power(node: log1p):
+    """``log1p(k*u**p)`` -> ``where(|u| < t, log1p(k*u**p), p*log(|u|/t) + log1p((|u|/t)**-p))``
+    with ``t = k**(-1/p)`` (k*u**p = (|u|/t)**p): the power overflows long before the log
+    does. ``log(1 + x**4)`` was inf in float32 from |x| = 1.4e10, where it is about
+    4*log(|x|), and its log1p of a reciprocal power is exact where the power would overflow.
+    Both terms are positive for |u| >= t, so nothing cancels. The condition is two linear
+    bounds, so that _guard_piecewise can guard the branches."""
+    term = _large_power(node.args[0])
+    if term is None:
+        return None
+    k, u, p = term
+    t = k ** (-sympy.Integer(1) / p)
+    scaled = sympy.Abs(u) / t
+    large = p * sympy.log(scaled) + log1p(scaled ** (-p))
+    return sympy.Piecewise((node, (u > -t) & (u < t)), (large, True))
+
+
+def _power_ratio(node: sympy.Mul):
+    """``r*u**a*(c + k*u**p)**-m`` -> ``where(|u| < t, as written, r*u**(a - p*m)*(k +
+    c*u**-p)**-m)`` with ``t = (c/k)**(1/p)``, for numbers c, k > 0 and integers a >= 0, m >=
+    1: where the power overflows, the quotient as written is inf/inf = nan or 0 where it is
+    moderate. The gradient of ``log(1 + x**4)``, ``4*x**3/(x**4 + 1)``, was 0 in float32 from
+    |x| = 1.4e10 and nan from 7e12, where it is about 4/x. (Only for a >= 1 or k < 1:
+    otherwise the quotient is below 1/k of the format's largest number where the power
+    overflows, and so 0 or subnormal as written.)"""
+    for f in node.args:
+        base, minus_m = f.as_base_exp()
+        if not (minus_m.is_Integer and minus_m < 0 and base.is_Add and len(base.args) == 2):
+            continue
+        c, power = base.as_coeff_Add()
+        term = _large_power(power)
+        if term is None or not c.is_positive:
+            continue
+        k, u, p = term
+        m = -minus_m
+        others = [g for g in node.args if g is not f]
+        a = sum((g.as_base_exp()[1] for g in others if g.as_base_exp()[0] == u), sympy.Integer(0))
+        if not (a.is_Integer and a >= 0) or a == 0 and k >= 1:
+            continue
+        rest = sympy.Mul(*(g for g in others if g.as_base_exp()[0] != u))
+        t = (c / k) ** (sympy.Integer(1) / p)
+        large = rest * u ** (a - p * m) * (k + c * u ** (-p)) ** (-m)
+        return sympy.Piecewise((node, (u > -t) & (u < t)), (large, True))
+    return None
