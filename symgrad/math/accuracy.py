@@ -161,7 +161,13 @@ _SECOND_DERIVATIVE_PROBE_MAX = 1e4
 # The probes for two symbols: every pair of REUSE_PROBES would be 1936 points. These keep
 # float32's overflows (from 89 for exp and cosh, 179 for cosh(x/2)) and float64's (710, 1420).
 
-_PAIR_PROBES = (0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
+_PAIR_PROBES = (1e-20, 0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
+# ... and for one symbol, beyond the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX: far from
+# any sampling domain, down to where float32 is subnormal and up to where it overflows
+# (sigmoid's autograd second derivative s*(1 - s)*(1 - 2*s) cancels to 0 below |x| = 1e-8
+# in float32, where it is -x/4; the tests' range sweep found it at 1e-12).
+
+_FAR_PROBES = (1e-30, 1e-12, 1e-6, 1e6, 1e10, 1e20, 1e30)
 # ... and for three, every triple of these (512 points, against 256 for a pair): products
 # of three reach into float32's overflows from 3*3*3 (log(1+exp(x*y*z))'s autograd second
 # derivative is 0 there, the exact one 1e-11) and float64's from 30*30*3.
@@ -268,7 +274,8 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     into sigmoid's mpmath exp, which took minutes.
     """
     evaluate = real_only(probe_code(symbols, reference))
-    magnitudes = ([m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX], _PAIR_PROBES, _TRIPLE_PROBES)[len(symbols) - 1]
+    single = sorted([m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] + list(_FAR_PROBES))
+    magnitudes = (single, _PAIR_PROBES, _TRIPLE_PROBES)[len(symbols) - 1]
     # Rounded to float32, and so exact in float64 too.
     rounded = [mpmath.mpf(struct.unpack("f", struct.pack("f", m))[0]) for m in magnitudes]
     signed = [m * sign for m in rounded for sign in (1, -1)]

@@ -574,10 +574,24 @@ def _fractional_power(expr: sympy.Expr) -> bool:
 
 
 def _overflowing_powers(expr: sympy.Expr) -> sympy.Expr:
-    """_log1p_of_power on every log1p, then _power_ratio on every product: a pass after the
-    bottom-up rules, whose branches hold the node as written (the rules would take it again)."""
+    """_log_of_power_sum on every log, _log1p_of_power on every log1p, then _power_ratio on
+    every product: a pass after the bottom-up rules, whose branches hold the node as written
+    (the rules would take it again)."""
+    expr = _replace_each(expr, sympy.log, _log_of_power_sum)
     expr = _replace_each(expr, log1p, _log1p_of_power)
     return _replace_each(expr, sympy.Mul, _power_ratio)
+
+
+def _log_of_power_sum(node: sympy.log):
+    """``log(s*(c + k*u**p))``, numbers s > 0 and c > 0 -> ``log(s*c) + log1p((k/c)*u**p)``
+    for _log1p_of_power to take (the rules leave ``log1p`` only for s*c = 1): the Cauchy log
+    density ``-log(pi*(1 + x**2))`` was -inf in float32 from |x| = 1.8e19."""
+    arg = node.args[0]
+    scale, rest = arg.as_independent(*arg.free_symbols, as_Add=False)
+    c, power = rest.as_coeff_Add()
+    if not (scale.is_positive and c.is_positive) or scale * c == 1 or _large_power(power) is None:
+        return None
+    return sympy.log(scale * c) + log1p(power / c)
 
 
 def _large_power(term: sympy.Expr):
