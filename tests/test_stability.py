@@ -2650,15 +2650,16 @@ def test_an_exp_times_a_cosh_power_becomes_a_sum_of_exps():
         assert stabilize(unchanged) == unchanged, unchanged
 
 
-def test_a_power_inside_a_log_or_a_ratio_takes_a_where_on_its_magnitude():
-    """roots._log1p_of_power and _power_ratio: log1p(k*u**p) and u**a/(c + k*u**p)**m switch
-    to the reciprocal power where |u| is past t = (c/k)**(1/p), for an even p or a positive u;
-    not for an odd power of a real u, nor 1/(1 + x**2) (0 or subnormal where it overflows)."""
+def test_a_power_inside_a_log_or_a_ratio_keeps_from_overflowing():
+    """roots._log1p_of_power and _power_ratio: log1p(k*u**p) splits off p*log(max(|u|/t, 1)),
+    without a where, and u**a/(c + k*u**p)**m switches to the reciprocal power past |u| = t,
+    for an even p or a positive u; not for an odd power of a real u, nor 1/(1 + x**2) (0
+    or subnormal where it overflows)."""
     x = X
-    small = (x > -1) & (x < 1)
-    assert roots._log1p_of_power(log1p(x**4)) == sympy.Piecewise(
-        (log1p(x**4), small), (4 * sympy.log(sympy.Abs(x)) + log1p(x**-4), True)
+    assert roots._log1p_of_power(log1p(x**4)) == 4 * sympy.log(sympy.Max(1, sympy.Abs(x))) + log1p(
+        sympy.Min(x**4, 1 / sympy.Max(1, x**4))
     )
+    small = (x > -1) & (x < 1)
     assert roots._power_ratio(4 * x**3 / (1 + x**4)) == sympy.Piecewise(
         (4 * x**3 / (1 + x**4), small), (4 / (x * (1 + x**-4)), True)
     )

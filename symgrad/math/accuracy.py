@@ -209,7 +209,7 @@ def _exact_value(evaluate, point):
     return _UNRESOLVED
 
 
-def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
+def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr, *, far: bool = True) -> bool:
     """Whether ``candidate`` (equal to ``reference``) computes a value that is not nan, and
     not far off the exact one where finite, in float32 and float64 arithmetic wherever that
     exact value is finite and in the format's range: no inf/inf, inf*0 or cancellation of
@@ -222,7 +222,8 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     either), against ``reference`` evaluated exactly (_exact_value), where the reference's
     own terms stay within float64's range (_exact_values); where it cancels beyond the
     precisions tried, the value need only not be nan. Other expressions are not checked
-    (True).
+    (True). ``far=False`` leaves out the _FAR_PROBES: for a replacement form, which need only
+    hold where it did before they were added (see second_order.exact_second_derivatives).
     """
     symbols = tuple(sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name))
     if not 1 <= len(symbols) <= 3:
@@ -235,7 +236,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     # would otherwise evaluate exactly (at 30 more digits) and so never see overflow.
     candidate = _as_printed(candidate)
     try:
-        exact_values = _exact_values(reference, symbols)
+        exact_values = _exact_values(reference, symbols, far)
         in_formats = [_in_float_range(probe_code(symbols, candidate), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS]
     except (TypeError, ValueError, KeyError):
         return True  # not printable for mpmath: left to the stability tests, as before
@@ -262,7 +263,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
 
 
 @functools.lru_cache(maxsize=64)
-def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> tuple:
+def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...], far: bool = True) -> tuple:
     """(point, exact value) at each probe point where the value is finite and not 0: for
     finite_where_the_math_is, which checks up to two forms of each derivative against one
     reference. (At an exact zero of a factor, any form is 0*inf = nan once another factor
@@ -274,8 +275,9 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     into sigmoid's mpmath exp, which took minutes.
     """
     evaluate = real_only(probe_code(symbols, reference))
-    single = sorted([m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] + list(_FAR_PROBES))
-    magnitudes = (single, _PAIR_PROBES, _TRIPLE_PROBES)[len(symbols) - 1]
+    single = sorted([m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] + list(_FAR_PROBES if far else ()))
+    pairs = _PAIR_PROBES if far else _PAIR_PROBES[1:]
+    magnitudes = (single, pairs, _TRIPLE_PROBES)[len(symbols) - 1]
     # Rounded to float32, and so exact in float64 too.
     rounded = [mpmath.mpf(struct.unpack("f", struct.pack("f", m))[0]) for m in magnitudes]
     signed = [m * sign for m in rounded for sign in (1, -1)]
