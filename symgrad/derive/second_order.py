@@ -206,13 +206,27 @@ def exact_second_derivatives(
             # cancels near 0, beyond the probes' reach; simplified, 2*x/(1 - x**2)**2 does not.
             # Likewise -x/(1 + x)'s -1/(1 + x) + x/(1 + x)**2 at large x, and -1/(1 + x)**2.)
             candidates = candidates[::-1]
+        forms = []
         for differentiate in candidates:
             used: set[str] = set()
             (candidate,) = cheaper_forms((stabilize(differentiate()),), used, False, costs)
-            if finite_where_the_math_is(candidate.xreplace(fixed), exact.xreplace(fixed)):
-                break
-        else:
+            forms.append((candidate, used))
+        # The first form right at every probe, far ones included; else the first right near
+        # the domain: the far points decide that autograd's form fails, and a replacement
+        # exact near the domain but overflowing far out (-2*x/(1 + x**2)**2 from |x| = 1e10
+        # in float32) still beats autograd's cancelling one there.
+        chosen = next(
+            (
+                (candidate, used)
+                for far in (True, False)
+                for candidate, used in forms
+                if finite_where_the_math_is(candidate.xreplace(fixed), exact.xreplace(fixed), far=far)
+            ),
+            None,
+        )
+        if chosen is None:
             return None
+        candidate, used = chosen
         used_by_row |= used
         row.append(candidate)
     identities |= used_by_row

@@ -161,7 +161,13 @@ _SECOND_DERIVATIVE_PROBE_MAX = 1e4
 # The probes for two symbols: every pair of REUSE_PROBES would be 1936 points. These keep
 # float32's overflows (from 89 for exp and cosh, 179 for cosh(x/2)) and float64's (710, 1420).
 
-_PAIR_PROBES = (0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
+_PAIR_PROBES = (1e-20, 0.001, 0.5, 3.0, 20.0, 100.0, 300.0, 3e3, 1e4)
+# ... and for one symbol, beyond the REUSE_PROBES up to _SECOND_DERIVATIVE_PROBE_MAX: far from
+# any sampling domain, down to where float32 is subnormal and up to where it overflows
+# (sigmoid's autograd second derivative s*(1 - s)*(1 - 2*s) cancels to 0 below |x| = 1e-8
+# in float32, where it is -x/4; the tests' range sweep found it at 1e-12).
+
+_FAR_PROBES = (1e-30, 1e-12, 1e-6, 1e6, 1e10, 1e20, 1e30)
 # ... and for three, every triple of these (512 points, against 256 for a pair): products
 # of three reach into float32's overflows from 3*3*3 (log(1+exp(x*y*z))'s autograd second
 # derivative is 0 there, the exact one 1e-11) and float64's from 30*30*3.
@@ -203,7 +209,7 @@ def _exact_value(evaluate, point):
     return _UNRESOLVED
 
 
-def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
+def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr, *, far: bool = True) -> bool:
     """Whether ``candidate`` (equal to ``reference``) computes a value that is not nan, and
     not far off the exact one where finite, in float32 and float64 arithmetic wherever that
     exact value is finite and in the format's range: no inf/inf, inf*0 or cancellation of
@@ -216,7 +222,8 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     either), against ``reference`` evaluated exactly (_exact_value), where the reference's
     own terms stay within float64's range (_exact_values); where it cancels beyond the
     precisions tried, the value need only not be nan. Other expressions are not checked
-    (True).
+    (True). ``far=False`` leaves out the _FAR_PROBES: for a replacement form, which need only
+    hold where it did before they were added (see second_order.exact_second_derivatives).
     """
     symbols = tuple(sorted(reference.free_symbols | candidate.free_symbols, key=lambda s: s.name))
     if not 1 <= len(symbols) <= 3:
@@ -229,7 +236,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
     # would otherwise evaluate exactly (at 30 more digits) and so never see overflow.
     candidate = _as_printed(candidate)
     try:
-        exact_values = _exact_values(reference, symbols)
+        exact_values = _exact_values(reference, symbols, far)
         in_formats = [_in_float_range(probe_code(symbols, candidate), largest, smallest) for _, largest, smallest in _FLOAT_FORMATS]
     except (TypeError, ValueError, KeyError):
         return True  # not printable for mpmath: left to the stability tests, as before
@@ -256,7 +263,7 @@ def finite_where_the_math_is(candidate: sympy.Expr, reference: sympy.Expr) -> bo
 
 
 @functools.lru_cache(maxsize=64)
-def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> tuple:
+def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...], far: bool = True) -> tuple:
     """(point, exact value) at each probe point where the value is finite and not 0: for
     finite_where_the_math_is, which checks up to two forms of each derivative against one
     reference. (At an exact zero of a factor, any form is 0*inf = nan once another factor
@@ -268,7 +275,9 @@ def _exact_values(reference: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> t
     into sigmoid's mpmath exp, which took minutes.
     """
     evaluate = real_only(probe_code(symbols, reference))
-    magnitudes = ([m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX], _PAIR_PROBES, _TRIPLE_PROBES)[len(symbols) - 1]
+    single = sorted([m for m in REUSE_PROBES if m <= _SECOND_DERIVATIVE_PROBE_MAX] + list(_FAR_PROBES if far else ()))
+    pairs = _PAIR_PROBES if far else _PAIR_PROBES[1:]
+    magnitudes = (single, pairs, _TRIPLE_PROBES)[len(symbols) - 1]
     # Rounded to float32, and so exact in float64 too.
     rounded = [mpmath.mpf(struct.unpack("f", struct.pack("f", m))[0]) for m in magnitudes]
     signed = [m * sign for m in rounded for sign in (1, -1)]

@@ -70,6 +70,8 @@ in a line each why a rule sits where it does; the families are modules of their 
      tanh rounds to 1 and sinh overflows (atanh(tanh(-16.72)) is -16.7205 in float64).
 
    - ``acosh(1 + u)`` -> ``log1p(u + sqrt(u)*sqrt(u + 2))`` (1 + u rounds to 1).
+   - a huge and a tiny factor kept apart: ``exp(a)*cosh(b)**k`` -> ``((exp(a/k + b) +
+     exp(a/k - b))/2)**k``; ``r*sinh(u) -+ r*cosh(u)`` -> ``+-r*exp(+-u)``.
 
    Then, for a sum, ``factor_terms`` is tried and kept if it costs fewer operations. After
    these rules (which would undo them), in order: the normal tails' products (above); a
@@ -83,8 +85,11 @@ in a line each why a rule sits where it does; the families are modules of their 
    distributed so that they meet; a sum with exps times an exp that falls doubly
    exponentially (``exp(-x - exp(-x))``), distributed so that the exps join; and
    ``expm1(v)**k*exp(u)`` -> ``where(k*v > 20, (-expm1(-v))**k*exp(u + k*v), ...)``
-   (_expm1_partners); and a difference of squares ``1 - x**2`` -> ``(1 - x)*(1 + x)``
-   (_difference_of_squares).
+   (_expm1_partners); a difference of squares ``1 - x**2`` -> ``(1 - x)*(1 + x)``
+   (_difference_of_squares); and powers that overflow where the log or ratio they feed does
+   not, ``log(s*(c + k*u**p))`` -> ``log(s*c) + log1p((k/c)*u**p)``, ``log1p(k*u**p)`` and
+   ``r*u**a*(c + k*u**p)**-m`` -> a where on |u| with the reciprocal power beyond
+   (_overflowing_powers).
 2. Removable singularities at 0 of a symbol (``sin(x)/x``, ``expm1(x)/x``, ``x/sin(x)``,
    ``log1p(x)/x`` and their derivatives), or at a dyadic point where a denominator
    vanishes (``log(x)/(x - 1)`` at 1): a :func:`~symgrad.symgrad.math.series.removable`

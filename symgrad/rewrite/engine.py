@@ -19,6 +19,7 @@ from .exp_log import (
     _expm1_partners,
     _rule_acosh_near_one,
     _rule_coth_half,
+    _rule_exp_cosh,
     _rule_exp_difference_ratio,
     _rule_exp_lse,
     _rule_exp_over_expm1,
@@ -32,6 +33,7 @@ from .exp_log import (
     _rule_ratio,
     _rule_same_base,
     _rule_sigmoid_difference,
+    _rule_sinh_cosh_sum,
     _rule_sinh_over_cosh,
     _rule_softmax,
     _rule_tanh_half,
@@ -42,6 +44,7 @@ from .piecewise import _guard_piecewise, _rule_heaviside_mask
 from .removable import _removable_singularities
 from .roots import (
     _hypot_sums,
+    _overflowing_powers,
     _rule_abs_of_power,
     _rule_hypot,
     _rule_hypot_excess,
@@ -108,7 +111,8 @@ def _stable_closed_form(expr: sympy.Expr) -> sympy.Expr:
         expr = rewriter.rewrite(spread)
     expr = _sigmoid_exp_products(expr)
     expr = _expm1_partners(expr)
-    return _replace_each(expr, sympy.Add, _difference_of_squares)
+    expr = _replace_each(expr, sympy.Add, _difference_of_squares)
+    return _overflowing_powers(expr)
 
 
 # -- the bottom-up rule engine ----------------------------------------------------------
@@ -151,6 +155,7 @@ RULES = (
     Rule(_rule_ratio, "products and powers: ratios of exponentials as sigmoids, the commonest product form"),
     Rule(_rule_softmax, "products and powers: three or more exponentials over their sum, which ratio leaves"),
     Rule(_rule_merge_exp, "products of exps: after ratio and softmax, which need the exponentials apart"),
+    Rule(_rule_exp_cosh, "products of an exp and a cosh power: after merge_exp, which leaves one exp"),
     Rule(_rule_exp_lse, "exp nodes: exp(c + k*logsumexp(...)); no other rule matches an exp"),
     Rule(_rule_hypot, "non-integer powers of a sum of squares as hypot"),
     Rule(_rule_hypot_excess, "sums: hypot(a, b) - b; before power_minus_value, which would also match it"),
@@ -166,6 +171,7 @@ RULES = (
     Rule(_rule_exp_over_positive_expm1, "products: exp(a) over expm1(u), u positive: after exp_over_expm1 (a = u)"),
     Rule(_rule_exp_difference_ratio, "products: exps over a difference of exps"),
     Rule(_rule_sinh_over_cosh, "products: powers of sinh over powers of cosh"),
+    Rule(_rule_sinh_cosh_sum, "sums of r*sinh(u) and +-r*cosh(u): no other rule matches the pair"),
     Rule(_rule_abs_of_power, "Abs nodes: no other rule matches them"),
     Rule(_rule_sign_abs_power, "products: a power of b times a fractional power of Abs(b)"),
     Rule(_rule_sigmoid_difference, "sums of two sigmoids: after add, which takes sigmoid(u) + sigmoid(-u) to 1"),

@@ -908,3 +908,46 @@ def _rule_sigmoid_difference(node: sympy.Expr):
                 return rest - c * expm1(gap) * f * sigmoid(_expand(-b))
             return rest + c * expm1(-gap) * g * sigmoid(_expand(-a))
     return None
+
+
+def _rule_exp_cosh(node: sympy.Expr):
+    """``exp(a)*cosh(b)**k`` -> ``((exp(a/k + b) + exp(a/k - b))/2)**k`` for a positive
+    integer k and a non-constant ``a``: a huge and a tiny factor never meet. As written,
+    ``exp(-x)*cosh(x)`` is inf*0 = nan from x = 89 in float32, where it is ``(1 +
+    exp(-2*x))/2``; each term of the sum is at most the result's k-th root, so nothing
+    overflows that the result itself does not (cosh(b) = (exp(b) + exp(-b))/2)."""
+    if not node.is_Mul:
+        return None
+    exps = [f for f in node.args if isinstance(f, sympy.exp) and not f.args[0].is_number]
+    if len(exps) != 1:
+        return None  # (several: _rule_merge_exp joins them first)
+    for f in node.args:
+        base, k = f.as_base_exp()
+        if isinstance(base, sympy.cosh) and k.is_Integer and k > 0:
+            a, b = exps[0].args[0] / k, base.args[0]
+            rest = sympy.Mul(*(g for g in node.args if g is not f and g is not exps[0]))
+            halves = (sympy.exp(_expand(a + b)) + sympy.exp(_expand(a - b))) / 2
+            return rest * halves**k
+    return None
+
+
+def _rule_sinh_cosh_sum(node: sympy.Expr):
+    """``r*sinh(u) + r*cosh(u)`` -> ``r*exp(u)`` and ``r*sinh(u) - r*cosh(u)`` ->
+    ``-r*exp(-u)``: the pair cancels where both overflow. The gradient of
+    ``exp(-x)*cosh(x)``, ``(sinh(x) - cosh(x))*exp(-x)``, was 0 from x = 9 in float32,
+    where it is ``-exp(-2*x)``, and inf - inf = nan from x = 89."""
+    if not node.is_Add:
+        return None
+    terms = list(node.args)
+    for term in terms:
+        for f in sympy.Mul.make_args(term):
+            if not isinstance(f, sympy.sinh):
+                continue
+            u, rest = f.args[0], term / f
+            for sign in (1, -1):
+                partner = sign * rest * sympy.cosh(u)
+                if partner in terms:
+                    others = [t for t in terms if t is not term and t != partner]
+                    joined = rest * sympy.exp(u) if sign == 1 else -rest * sympy.exp(-u)
+                    return sympy.Add(*others, joined)
+    return None
