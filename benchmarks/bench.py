@@ -305,6 +305,11 @@ def main() -> int:
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
     parser.add_argument(
+        "--upstream", choices=("random", "expanded"), default="random",
+        help="the elementwise set's upstream gradient: a random tensor (default), or the stride-0 "
+        "expanded ones that y.sum().backward() passes",
+    )
+    parser.add_argument(
         "--sets", nargs="+", choices=list(SETS), default=list(SETS), help="which sets to run (default all)"
     )
     parser.add_argument(
@@ -325,6 +330,8 @@ def main() -> int:
         print(f"GPU: {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}")
     print("allocator: " + ("glibc defaults" if args.system_malloc else " ".join(f"{k}={os.environ.get(k)}" for k in ALLOCATOR_ENV)))
     print(f"dtype float32, device {device}; times are fwd+bwd in ms: median [min-max]", flush=True)
+    if "elementwise" in args.sets:
+        print(f"upstream gradient (elementwise set): {args.upstream}")
     print(f"load average at start: {load()} (other processes on the machine make timings noisy)\n", flush=True)
 
     package_dir = Path(tempfile.mkdtemp(prefix="symgrad_bench_"))
@@ -358,7 +365,7 @@ def main() -> int:
         for name, *_ in expressions:
             if name not in modules:
                 continue
-            row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth, device)
+            row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth, device, args.upstream)
             if name in floors:
                 row.floor_saved = 4 * n * floors[name]
             rows.append(row)
@@ -472,13 +479,20 @@ def step(torch, fn, xs, upstream):
     return torch.autograd.grad(outs, xs, grads)
 
 
-def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float, device) -> Row:
+def bench_one(
+    torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float, device, upstream_kind: str = "random"
+) -> Row:
     """Time the six variants, and torch's own function where it has one, for one
-    elementwise expression at ``n`` elements per input (:func:`measure`)."""
+    elementwise expression at ``n`` elements per input (:func:`measure`). ``upstream_kind``
+    "expanded": the upstream gradient is ``y.sum()``'s, one 0-d value expanded to ``n``
+    (stride 0), where the order a backward multiplies it in shows."""
     row = Row(name, n)
     try:
         xs = make_inputs(torch, pair["symgrad"], n, device)
-        upstream = (torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5).to(device)
+        if upstream_kind == "expanded":
+            upstream = torch.ones((), device=device).expand(n)
+        else:
+            upstream = (torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5).to(device)
         measure(torch, row, variants(torch, pair), xs, upstream, repeats, warmup, timer(torch, device))
         row.floor_ms = floor_bytes(pair["symgrad"], n) / bandwidth * 1e3
     except Exception as exc:  # report, keep going
