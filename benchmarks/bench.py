@@ -305,6 +305,11 @@ def main() -> int:
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
     parser.add_argument(
+        "--fast", action="store_true",
+        help="generate the eager modules with --fast: the default and speed columns then time --fast "
+        "and --fast --save speed (the fused ones are unchanged)",
+    )
+    parser.add_argument(
         "--upstream", choices=("random", "expanded"), default="random",
         help="the elementwise set's upstream gradient: a random tensor (default), or the stride-0 "
         "expanded ones that y.sum().backward() passes",
@@ -332,6 +337,8 @@ def main() -> int:
     print(f"dtype float32, device {device}; times are fwd+bwd in ms: median [min-max]", flush=True)
     if "elementwise" in args.sets:
         print(f"upstream gradient (elementwise set): {args.upstream}")
+        if args.fast:
+            print("eager modules generated with --fast: the default and speed columns are --fast's")
     print(f"load average at start: {load()} (other processes on the machine make timings noisy)\n", flush=True)
 
     package_dir = Path(tempfile.mkdtemp(prefix="symgrad_bench_"))
@@ -345,7 +352,7 @@ def main() -> int:
     modules = {}
     for name, expr, inputs, domain in expressions:
         try:
-            modules[name] = generate(package_dir, package, name, expr, inputs, domain)
+            modules[name] = generate(package_dir, package, name, expr, inputs, domain, fast=args.fast)
         except Exception as exc:  # report, keep going
             print(f"{name}: generation failed: {type(exc).__name__}: {exc}", flush=True)
 
@@ -412,8 +419,9 @@ def machine_line(torch, threads: int) -> str:
     )
 
 
-def generate(package_dir: Path, package: str, name: str, expr: str, inputs, domain):
-    """Write the four symgrad modules for one expression; import them."""
+def generate(package_dir: Path, package: str, name: str, expr: str, inputs, domain, fast: bool = False):
+    """Write the four symgrad modules for one expression; import them. ``fast``: the two
+    eager ones (default and ``save="speed"``) with ``fast=True``."""
     import symgrad
 
     out = {}
@@ -423,7 +431,8 @@ def generate(package_dir: Path, package: str, name: str, expr: str, inputs, doma
         ("fused", f"{name}Fused", True, "memory"),
         ("fused_speed", f"{name}FusedSpeed", True, "speed"),
     ):
-        source = symgrad.generate_source(expr, class_name, inputs=inputs, domain=domain, fuse=fuse, save=save)
+        extra = {"fast": True} if fast and not fuse else {}
+        source = symgrad.generate_source(expr, class_name, inputs=inputs, domain=domain, fuse=fuse, save=save, **extra)
         stem = f"{name.lower()}_{variant}"
         (package_dir / package / f"{stem}.py").write_text(source)
         out[variant] = importlib.import_module(f"{package}.{stem}")
