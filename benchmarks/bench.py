@@ -305,6 +305,16 @@ def main() -> int:
     parser.add_argument("--system-malloc", action="store_true", help="do not set MALLOC_MMAP_MAX_/MALLOC_TRIM_THRESHOLD_")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
     parser.add_argument(
+        "--fast", action="store_true",
+        help="generate the eager modules with --fast: the default and speed columns then time --fast "
+        "and --fast --save speed (the fused ones are unchanged)",
+    )
+    parser.add_argument(
+        "--upstream", choices=("random", "expanded"), default="random",
+        help="the elementwise set's upstream gradient: a random tensor (default), or the stride-0 "
+        "expanded ones that y.sum().backward() passes",
+    )
+    parser.add_argument(
         "--sets", nargs="+", choices=list(SETS), default=list(SETS), help="which sets to run (default all)"
     )
     parser.add_argument(
@@ -325,6 +335,10 @@ def main() -> int:
         print(f"GPU: {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}")
     print("allocator: " + ("glibc defaults" if args.system_malloc else " ".join(f"{k}={os.environ.get(k)}" for k in ALLOCATOR_ENV)))
     print(f"dtype float32, device {device}; times are fwd+bwd in ms: median [min-max]", flush=True)
+    if "elementwise" in args.sets:
+        print(f"upstream gradient (elementwise set): {args.upstream}")
+        if args.fast:
+            print("eager modules generated with --fast: the default and speed columns are --fast's")
     print(f"load average at start: {load()} (other processes on the machine make timings noisy)\n", flush=True)
 
     package_dir = Path(tempfile.mkdtemp(prefix="symgrad_bench_"))
@@ -338,7 +352,7 @@ def main() -> int:
     modules = {}
     for name, expr, inputs, domain in expressions:
         try:
-            modules[name] = generate(package_dir, package, name, expr, inputs, domain)
+            modules[name] = generate(package_dir, package, name, expr, inputs, domain, fast=args.fast)
         except Exception as exc:  # report, keep going
             print(f"{name}: generation failed: {type(exc).__name__}: {exc}", flush=True)
 
@@ -358,7 +372,7 @@ def main() -> int:
         for name, *_ in expressions:
             if name not in modules:
                 continue
-            row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth, device)
+            row = bench_one(torch, name, modules[name], n, repeats, args.warmup, bandwidth, device, args.upstream)
             if name in floors:
                 row.floor_saved = 4 * n * floors[name]
             rows.append(row)
@@ -405,8 +419,9 @@ def machine_line(torch, threads: int) -> str:
     )
 
 
-def generate(package_dir: Path, package: str, name: str, expr: str, inputs, domain):
-    """Write the four symgrad modules for one expression; import them."""
+def generate(package_dir: Path, package: str, name: str, expr: str, inputs, domain, fast: bool = False):
+    """Write the four symgrad modules for one expression; import them. ``fast``: the two
+    eager ones (default and ``save="speed"``) with ``fast=True``."""
     import symgrad
 
     out = {}
@@ -416,7 +431,8 @@ def generate(package_dir: Path, package: str, name: str, expr: str, inputs, doma
         ("fused", f"{name}Fused", True, "memory"),
         ("fused_speed", f"{name}FusedSpeed", True, "speed"),
     ):
-        source = symgrad.generate_source(expr, class_name, inputs=inputs, domain=domain, fuse=fuse, save=save)
+        extra = {"fast": True} if fast and not fuse else {}
+        source = symgrad.generate_source(expr, class_name, inputs=inputs, domain=domain, fuse=fuse, save=save, **extra)
         stem = f"{name.lower()}_{variant}"
         (package_dir / package / f"{stem}.py").write_text(source)
         out[variant] = importlib.import_module(f"{package}.{stem}")
@@ -472,13 +488,20 @@ def step(torch, fn, xs, upstream):
     return torch.autograd.grad(outs, xs, grads)
 
 
-def bench_one(torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float, device) -> Row:
+def bench_one(
+    torch, name: str, pair, n: int, repeats: int, warmup: int, bandwidth: float, device, upstream_kind: str = "random"
+) -> Row:
     """Time the six variants, and torch's own function where it has one, for one
-    elementwise expression at ``n`` elements per input (:func:`measure`)."""
+    elementwise expression at ``n`` elements per input (:func:`measure`). ``upstream_kind``
+    "expanded": the upstream gradient is ``y.sum()``'s, one 0-d value expanded to ``n``
+    (stride 0), where the order a backward multiplies it in shows."""
     row = Row(name, n)
     try:
         xs = make_inputs(torch, pair["symgrad"], n, device)
-        upstream = (torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5).to(device)
+        if upstream_kind == "expanded":
+            upstream = torch.ones((), device=device).expand(n)
+        else:
+            upstream = (torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.5).to(device)
         measure(torch, row, variants(torch, pair), xs, upstream, repeats, warmup, timer(torch, device))
         row.floor_ms = floor_bytes(pair["symgrad"], n) / bandwidth * 1e3
     except Exception as exc:  # report, keep going

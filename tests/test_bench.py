@@ -74,6 +74,22 @@ def default_modules(bench, tmp_path_factory):
     return modules
 
 
+def test_benchmark_times_an_expanded_upstream_gradient_and_fast_modules():
+    """--upstream expanded: the stride-0 upstream gradient of ``y.sum()``; --fast: the eager
+    modules generated with --fast. The header says both."""
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--sizes", "1e3", "--only", "Cube", "--repeats", "1", "--warmup", "0",
+         "--sets", "elementwise", "--upstream", "expanded", "--fast"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "upstream gradient (elementwise set): expanded" in result.stdout
+    assert "eager modules generated with --fast" in result.stdout
+    assert "| Cube | 1e+03 |" in result.stdout and "ERROR" not in result.stdout, result.stdout
+
+
 def test_every_expression_has_a_baseline_with_the_same_values(bench, default_modules):
     """bench.BASELINES, the hand-written torch code the generated modules are timed against,
     computes the same function as the expression (checked on the default module)."""

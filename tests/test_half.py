@@ -11,6 +11,7 @@ import torch
 
 from symgrad import generate_source
 from symgrad.math.half import emulate, loses_in_float16, to_half
+from test_fuzz import import_source
 
 x, y, g = sympy.symbols("x y g", real=True)
 
@@ -105,3 +106,20 @@ def test_a_saved_output_the_body_does_not_read_is_not_emulated():
 
 def test_negative_zero_to_an_odd_negative_power_is_minus_inf():
     assert emulate(x**-1, {x: -0.0}) == -math.inf
+
+
+def test_the_emulation_multiplies_in_the_order_the_body_does():
+    """An unevaluated product is computed in its arguments' order: the derivative 2*x
+    first overflows at x = 6e4; the upstream 0.01 first, never."""
+    last = sympy.Mul(g, 2 * x, evaluate=False)
+    assert math.isinf(emulate(last, {g: to_half(0.01), x: 6e4}))
+    assert emulate(g * 2 * x, {g: to_half(0.01), x: 6e4}) == to_half(to_half(0.01 * 2) * 6e4)
+    assert loses_in_float16(last, [x, g], frozenset({g}))
+
+
+def test_square_backward_is_finite_in_float16_where_its_gradient_is(tmp_path):
+    module = import_source(generate_source("x**2", "Square"), tmp_path)
+    x16 = torch.tensor([6e4, -6e4], dtype=torch.float16, requires_grad=True)
+    (grad,) = torch.autograd.grad(module.square(x16), x16, torch.full((2,), 0.01, dtype=torch.float16))
+    assert torch.isfinite(grad).all()
+    torch.testing.assert_close(grad.float(), torch.tensor([1200.0, -1200.0]), rtol=2e-3, atol=0)

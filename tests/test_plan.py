@@ -137,3 +137,39 @@ def test_the_passes_read_the_tree_that_the_code_parses_to(path, fast):
             assert ast.dump(parsed) == ast.dump(plain(tree)), printed
             count += 1
     assert count
+
+
+def _method_tree(source_text: str, method_name: str) -> str:
+    """The return statement of the first ``method_name`` in ``source_text``, as the parser
+    groups it (ast.unparse)."""
+    for node in ast.walk(ast.parse(source_text)):
+        if isinstance(node, ast.FunctionDef) and node.name == method_name:
+            returns = [n for n in ast.walk(node) if isinstance(n, ast.Return)]
+            return ast.unparse(returns[-1].value)
+    raise AssertionError(f"no {method_name}")
+
+
+def test_backward_and_jvp_multiply_the_upstream_last():
+    """The derivative first, then the upstream gradient (tangent): ATen's order, and the
+    fast one where the upstream gradient is an expanded tensor (``y.sum().backward()``)."""
+    text = symgrad.generate_source("x**3", "Cube")
+    assert _method_tree(text, "backward") == "grad_output * (3 * x ** 2)"
+    assert "x_tangent * (3 * x ** 2)" in _method_tree(text, "jvp")
+    # --fast: the derivative is computed in its own buffer; the upstream, which may be
+    # batched under vmap where the derivative is not, multiplies out of place.
+    fast = symgrad.generate_source("x**3", "Cube", fast=True)
+    assert "grad_x = grad_output * ((x**2).mul_(3))" in fast
+
+
+def test_a_0d_upstream_gradient_takes_the_numbers_first():
+    """The gradient of a sum is 0-d: times 2 it is a scalar operation, not a pass over memory."""
+    text = symgrad.generate_source("sum(x**2)", "SquareSum")
+    assert _method_tree(text, "backward") == "(grad_output * 2 * x).expand(ctx.result_elementwise_shape)"
+
+
+def test_the_upstream_comes_first_where_only_that_order_keeps_float16():
+    """g * (2 * x) overflows float16 from |x| = 32752 where the gradient 2*x*g is finite
+    (g = 0.01); g * 2 * x does not, so Square's backward keeps that order and float16."""
+    text = symgrad.generate_source("x**2", "Square")
+    assert _method_tree(text, "backward") == "grad_output * 2 * x"
+    assert "_float32_for_half" not in text

@@ -7,6 +7,7 @@ each module carries are all decided here, as data; the templates only loop and p
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import sympy
 
@@ -68,11 +69,34 @@ def _rows(
     return tuple(rows)
 
 
+@dataclass(frozen=True)
+class Float16Verdict:
+    """What the float16 probes decided (_Assembler.float16_verdict): the methods ("forward",
+    "backward", "jvp") that keep the float16 contract op by op, and those of them that keep
+    it only multiplying the upstream gradient or tangent first."""
+
+    kept: frozenset[str] = frozenset()
+    upstream_first: frozenset[str] = frozenset()
+
+
+def _upstream_products(terms: list[tuple[sympy.Symbol, sympy.Expr]], upstream_first: bool) -> sympy.Expr:
+    """The sum of ``scale * row`` over ``terms``, in the order the body multiplies: the row
+    first and the scale last (an unevaluated product, which math.half.emulate computes in
+    its arguments' order), or SymPy's product, whose scale symbol sorts first and so takes
+    the coefficient first, as ``grad_output * 3 * x**2`` does."""
+    if upstream_first:
+        return sympy.Add(*(scale * row for scale, row in terms))
+    return sympy.Add(*(sympy.Mul(scale, row, evaluate=False) for scale, row in terms))
+
+
 class _Assembler:
     """Puts one plan together from the Builder and its collaborators."""
 
     def __init__(self, derivation: Derivation, names: Names, rows, alias: str) -> None:
         self.b = Builder(derivation, names, rows, alias)
+        # Decided before the bodies: it sets the order they multiply the upstream in.
+        self.float16 = self.float16_verdict()
+        self.b.upstream_first = self.float16.upstream_first
 
     def build(self) -> Plan:
         b = self.b
@@ -150,38 +174,47 @@ class _Assembler:
             tensors |= set(b.second.backward.params[1:])  # (its cotangents)
         by_values, by_tangents = self.output_deciders()
         per_output = not b.p.spec.fast
-        in_float16 = self.float16_methods() if per_output else frozenset()
+        in_float16 = self.float16.kept if per_output else frozenset()
         return HalfPolicy(half, frozenset(tensors), rounded, by_values, by_tangents, per_output, in_float16)
 
-    def float16_methods(self) -> frozenset[str]:
+    def float16_verdict(self) -> Float16Verdict:
         """The methods whose output expressions, computed op by op in float16, keep the
         float16 contract at every probe point (symgrad.math.half): forward's outputs,
         backward's gradients (upstream gradient times row, summed over outputs) and jvp's
         tangents. None under --save speed (its derivatives stay float32), --fuse (compiled
-        bodies) or a reduction (a float16 sum of many terms)."""
+        bodies), --fast or --inplace (bodies decided whole) or a reduction (a float16 sum of
+        many terms).
+
+        Backward and jvp multiply the upstream last (code.times_upstream); where that order
+        loses the contract and the upstream-first order keeps it, the method takes that
+        order instead, and stays in float16.
+        """
         b = self.b
-        if b.speed or b.p.spec.fuse or any(out.reduction for out in b.outputs):
-            return frozenset()
+        spec = b.p.spec
+        if b.speed or spec.fuse or spec.fast or spec.inplace or any(out.reduction for out in b.outputs):
+            return Float16Verdict()
         symbols = list(b.inputs + b.params)
         stored = {b.names.results[i]: b.d.forward[i] for i in range(b.n_user)}
         entries = b.gradient_entries()
-        methods = set()
+        kept = set()
+        upstream_first = set()
         if not any(loses_in_float16(b.d.forward[i], symbols) for i in range(b.n_user)):
-            methods.add("forward")
+            kept.add("forward")
         scales = [sympy.Symbol(f"_scale{i}", real=True) for i in range(max(b.n_out, len(b.inputs)))]
-        gradients = [sum(scales[i] * b.rows[i][j] for i, k in entries if k == j) for j in range(len(b.inputs))]
-        if not any(
-            loses_in_float16(expr, symbols + scales[: b.n_out], frozenset(scales), stored) for expr in gradients if expr != 0
-        ):
-            methods.add("backward")
-        tangents = [sum(scales[j] * b.rows[i][j] for k, j in entries if k == i) for i in range(b.n_out)]
-        if not any(
-            loses_in_float16(expr, symbols + scales[: len(b.inputs)], frozenset(scales), stored)
-            for expr in tangents
-            if expr != 0
-        ):
-            methods.add("jvp")
-        return frozenset(methods)
+        by_method = {
+            "backward": ([[(scales[i], b.rows[i][j]) for i, k in entries if k == j] for j in range(len(b.inputs))], b.n_out),
+            "jvp": ([[(scales[j], b.rows[i][j]) for k, j in entries if k == i] for i in range(b.n_out)], len(b.inputs)),
+        }
+        for kind, (sums, n_scales) in by_method.items():
+            variables = symbols + scales[:n_scales]
+            for first in (False, True):
+                exprs = [_upstream_products(terms, first) for terms in sums if terms]
+                if not any(loses_in_float16(e, variables, frozenset(scales), stored) for e in exprs):
+                    kept.add(kind)
+                    if first:
+                        upstream_first.add(kind)
+                    break
+        return Float16Verdict(frozenset(kept), frozenset(upstream_first))
 
     def output_deciders(self) -> tuple[tuple[Decider | None, ...] | None, tuple[Decider | None, ...] | None]:
         """For a module of several outputs, per user output: the name rounding it back to

@@ -22,7 +22,6 @@ from ..codegen.syntax import (
     compare,
     dotted,
     first_present,
-    joined,
     method,
     name,
     parens,
@@ -32,7 +31,7 @@ from ..codegen.syntax import (
 from ..math.numbers import numbers_to_floats
 from ..math.functions import expand_functions
 from ..math.series import TaylorPolynomial
-from .code import accumulate, factor, is_one, sum_of, sum_of_present
+from .code import accumulate, sum_of, sum_of_present, times_upstream
 from .inplace import reuse_buffers_in
 from .ir import Assign, Comment, FirstOrderBranch, If, Line, Method, SecondDerivative, Statement
 from .names import Names, SymbolStream
@@ -84,6 +83,10 @@ class Builder:
         # Set where double backward needs its own Function but backward saved the output in
         # place of an input the Function takes (make_plan then tries the inputs).
         self.second_derivative_needs_inputs = False
+        # The methods ("backward", "jvp") that multiply the upstream gradient or tangent
+        # first, where only that order keeps the float16 contract (code.times_upstream);
+        # set by the assembler before the bodies are built.
+        self.upstream_first: frozenset[str] = frozenset()
         self.saving = Saving(self)
         self.second_derivatives = SecondDerivatives(self)
 
@@ -392,7 +395,9 @@ class Builder:
             # expanded product would be a pass over memory of its own.
             count = method(self.ctx_ref(self.saving.shape_attr(output)), "numel")
             grad_output = parens(binop(grad_output, "/", count))
-        code = grad_output if is_one(expr) else joined(grad_output, "*", factor(self.code(expr), expr))
+        # A 0-d gradient (of a reduction) is multiplied first: the numbers join it in scalar ops.
+        first = reduction is not None or "backward" in self.upstream_first
+        code = times_upstream(grad_output, self.code(expr), expr, upstream_first=first)
         if reduction is not None:
             code = method(parens(code), "expand", self.ctx_ref(self.saving.shape_attr(output)))
         return code
@@ -493,7 +498,7 @@ class Builder:
         (3, 1) for x of shape (2,)), and backward sums it so. Each such term alone: summed
         after the others were added, they would be counted once per extra row."""
         tangent = name(self.names.tangents[j])
-        term = tangent if is_one(expr) else joined(tangent, "*", factor(self.code(expr), expr))
+        term = times_upstream(tangent, self.code(expr), expr, upstream_first="jvp" in self.upstream_first)
         return call("_reduced_to", term, self.ctx_ref(reduce_to)) if reduce_to else term
 
 

@@ -39,6 +39,29 @@ def factor(code: Code, expr: sympy.Expr) -> Code:
     return parens(code) if prints_as_sum(expr) else code
 
 
+def times_upstream(upstream: Code, code: Code, expr: sympy.Expr, upstream_first: bool = False) -> Code:
+    """The upstream gradient (or tangent) ``upstream`` times the derivative ``expr``, which
+    prints as ``code``.
+
+    By default the derivative is computed first and the upstream multiplies it last,
+    ``grad_output * (3 * x**2)``, as ATen's formulas do. Under ``y.sum().backward()`` the
+    upstream gradient is a stride-0 expanded tensor, and an op reading it first is the slow
+    order: at 1e6 float32 on one thread ``g * 3 * x**2`` took 0.65 ms, ``g * (3 * x**2)``
+    0.36 ms (with a full ``g``, 0.55 and 0.52). Both orders make the same kernels.
+
+    ``upstream_first``: multiplied in the order it reads, ``grad_output * 3 * x**2``. For a
+    0-d upstream (the gradient of a sum or a mean) the leading numbers then join it in
+    scalar operations; and a derivative computed first in float16 may overflow where the
+    product does not (``2 * x`` at x = 4e4), so a body that keeps the float16 contract only
+    in this order takes it (symgrad.plan.assemble).
+    """
+    if is_one(expr):
+        return upstream
+    if upstream_first:
+        return joined(upstream, "*", factor(code, expr))
+    return binop(upstream, "*", factor(code, expr))
+
+
 def is_one(expr: sympy.Expr) -> bool:
     """Whether ``expr`` is the number 1 (SymPy's ``Float(1.0) == 1`` is False)."""
     return bool(expr.is_number) and not expr.free_symbols and float(expr) == 1.0

@@ -17,7 +17,6 @@ from ..codegen.syntax import (
     call,
     compare,
     generator,
-    joined,
     method,
     name,
     parens,
@@ -26,7 +25,7 @@ from ..codegen.syntax import (
     subscript,
     tuple_of,
 )
-from .code import factor, is_one, sum_of, sum_of_present, unpack_target
+from .code import sum_of, sum_of_present, times_upstream, unpack_target
 from .ir import Assign, Comment, CreateGraphBranch, If, Line, Method, Return, SecondDerivative, Statement
 from .names import derivative_class
 
@@ -136,9 +135,7 @@ class SecondDerivatives:
 
         def product(factor_name: str, k: int, j: int) -> Code:
             entry = k * len(inputs) + j
-            if is_one(hessian[k][j]):
-                return name(factor_name)
-            return joined(factor_name, "*", factor(values[entry], printed[entry]))
+            return times_upstream(name(factor_name), values[entry], printed[entry])
 
         statements, values, printed, helpers = body(gradients, inputs[0])
         returned = []
