@@ -461,3 +461,13 @@ def test_a_dim_out_of_range_is_refused_at_call_time(tmp_path):
     torch.testing.assert_close(_alias(module)(torch.ones(2, 3, 4)), torch.full((2, 3), 4.0))
     with pytest.raises(IndexError, match="[Dd]imension out of range"):
         _alias(module)(torch.randn(4, 6))
+
+
+@pytest.mark.parametrize(
+    "options, option",
+    [({"grads": {"x": "1"}}, "--grad"), ({"inplace": True}, "--inplace"), ({"save": "speed"}, "--save speed")],
+)
+def test_options_the_rowwise_planner_lacks_are_refused(options, option):
+    # (it would otherwise write a module that ignores them: the true VJP, out of place)
+    with pytest.raises(SymgradError, match=f"{option} does not apply to row-wise expressions"):
+        generate_source("softmax(x, -1)", "Softmax_", **options)
