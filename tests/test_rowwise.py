@@ -471,3 +471,26 @@ def test_options_the_rowwise_planner_lacks_are_refused(options, option):
     # (it would otherwise write a module that ignores them: the true VJP, out of place)
     with pytest.raises(SymgradError, match=f"{option} does not apply to row-wise expressions"):
         generate_source("softmax(x, -1)", "Softmax_", **options)
+
+
+@pytest.mark.parametrize(
+    "expr, inputs, reference",
+    [
+        # (the adjoint is reduced where the softmax is not)
+        ("sum(log_softmax(x, -1), -1)", ("x",), lambda x: torch.log_softmax(x, -1).sum(-1)),
+        ("sum(softmax(x, -1), -1)", ("x",), lambda x: torch.softmax(x, -1).sum(-1)),
+        ("mean(log_softmax(x, -1))", ("x",), lambda x: torch.log_softmax(x, -1).mean()),
+        # (the softmax of a (H,) input broadcast against a (B, T, H) one)
+        ("log_softmax(w, -1)*x", ("x", "w"), lambda x, w: torch.log_softmax(w, -1) * x),
+        ("softmax(w, -1) + x", ("x", "w"), lambda x, w: torch.softmax(w, -1) + x),
+    ],
+)
+def test_softmax_backward_kernels_get_an_adjoint_of_the_softmax_shape(expr, inputs, reference, tmp_path):
+    """ATen's _softmax_backward_data / _log_softmax_backward_data do not broadcast: given a
+    grad of another shape they raise, or (log_softmax) return wrong values silently."""
+    module = _load(Case("Shaped", expr, reference, inputs=inputs), tmp_path)
+    shapes = {"x": (2, 3, 5), "w": (5,)}
+    args = [torch.randn(shapes[name], dtype=torch.float64, requires_grad=True) for name in inputs]
+    torch.testing.assert_close(_alias(module)(*args), reference(*args))
+    assert torch.autograd.gradcheck(_alias(module), args)
+    assert torch.autograd.gradgradcheck(_alias(module), args)

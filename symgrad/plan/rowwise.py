@@ -26,6 +26,7 @@ from ..codegen.printer import helpers_used, print_tree
 from ..codegen.syntax import NONE, Code, attribute, call, compare, if_else, method, name, string, unary
 from ..derive.rowwise import EVERY, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
 from ..math.reductions import (
+    AdjointShapedAs,
     Count,
     Gather,
     LogSoftmax,
@@ -34,6 +35,7 @@ from ..math.reductions import (
     ReduceSum,
     RowFunction,
     Softmax,
+    SoftmaxBackward,
     WHOLE,
     dims_code,
     print_dims,
@@ -106,10 +108,26 @@ class _Planner:
 
     def saving(self) -> _Saving:
         raw = tuple(self.counted_by_inputs(v) for v in vjp(list(self.outputs), self.adjoints, self.inputs))
+        raw = tuple(self.adjoints_shaped_for_kernels(v) for v in raw)
         given = dict(self.p.vjps)  # --vjp: the user's whole gradients (grad_output is the adjoint)
         raw = tuple(given.get(x, v) for x, v in zip(self.inputs, raw))
         options = [self._with_stats(raw, outputs=False), self._with_stats(raw, outputs=True)]
         return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
+
+    def adjoints_shaped_for_kernels(self, expr: sympy.Expr) -> sympy.Expr:
+        """``expr`` with the adjoint of each softmax backward kernel made the softmax's shape
+        wherever it may not be already: where tensors of several shapes meet, or where the
+        adjoint is reduced along dims that the softmax's value is not."""
+        everything = frozenset(self.inputs + self.params)
+        known = dict(zip(self.adjoints, self.reduced))
+
+        def shaped(node: SoftmaxBackward) -> sympy.Expr:
+            adjoint, y, *rest = node.args
+            if not self.broadcasts and reduced_dims(adjoint, everything, known) == reduced_dims(y, everything):
+                return node
+            return SoftmaxBackward(AdjointShapedAs(adjoint, y), y, *rest)
+
+        return expr.replace(lambda e: isinstance(e, SoftmaxBackward) and not isinstance(e.args[0], AdjointShapedAs), shaped)
 
     def _with_stats(self, raw: tuple[sympy.Expr, ...], outputs: bool) -> _Saving:
         replacements: dict[sympy.Expr, sympy.Expr] = {}
