@@ -494,3 +494,25 @@ def test_softmax_backward_kernels_get_an_adjoint_of_the_softmax_shape(expr, inpu
     torch.testing.assert_close(_alias(module)(*args), reference(*args))
     assert torch.autograd.gradcheck(_alias(module), args)
     assert torch.autograd.gradgradcheck(_alias(module), args)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_a_tensor_eps_runs_the_formula(name, modules):
+    """The kernels take eps as a float: a tensor eps, one per row in eager mode or 0-d under
+    torch.compile(fullgraph=True), runs the formula and keeps the contract."""
+    case = next(c for c in CASES if c.name == name)
+    tensors, _ = _args(case)
+    alias = _alias(modules[name])
+    x = tensors[0]
+    for eps in (torch.full((4, 1), 1e-3, dtype=torch.float64), torch.tensor(1e-3, dtype=torch.float64)):
+        if name == "LayerNorm":
+            want = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)
+            want = want * tensors[1] + tensors[2]
+        else:
+            want = x / torch.sqrt((x**2).mean(-1, keepdim=True) + eps) * tensors[1]
+        torch.testing.assert_close(alias(*tensors, eps), want)
+        assert torch.autograd.gradcheck(lambda *xs: alias(*xs, eps), tensors)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *xs: alias(*xs, torch.tensor(1e-3)), fullgraph=True, backend="aot_eager")
+    floats = [t.detach().float().requires_grad_() for t in tensors]
+    compiled(*floats).sum().backward()

@@ -321,14 +321,18 @@ class _Planner:
         return Method(params=tuple(s.name for s in self.inputs + self.params), body=tuple(statements), values=tuple(values))
 
     def norm_forward(self, params: tuple[str, ...]) -> Method:
-        """The kernel where the weights have its normalised shape, (H,); the formula, with
-        the same row values, for any other shape."""
+        """The kernel where the weights have its normalised shape, (H,), and eps is a
+        number; the formula, with the same row values, for any other shape or a tensor eps."""
         norm = self.norm
         kernel = (Return((norm.forward,)),)
         fits = None
         for role in norm.roles[1:]:
             same = compare(attribute(role.name, "shape"), "==", _from_last(norm.roles[0]))
             fits = same if fits is None else _and(fits, same)
+        if norm.eps.is_Symbol:
+            # (the kernels take eps as a float: a tensor eps, 0-d under torch.compile or
+            # one per row, runs the formula)
+            fits = _and(fits, unary("not", call("isinstance", norm.eps.name, "torch.Tensor")))
         stats = [(symbol, formula.xreplace({p: r for _, _, p, r in norm.stats[:k]})) for k, (symbol, formula, _, _) in enumerate(norm.stats)]
         output = self.outputs[0]
         for _, _, pattern, replacement in reversed(norm.stats):
@@ -530,6 +534,7 @@ class _NormKernel:
     # (x, w, b), in that order
     backward: "Callable[[Code], Code] | None"
     roles: tuple[sympy.Symbol, ...]  # x, w[, b]
+    eps: sympy.Expr  # a positive number, or the param passed as the kernel's float eps
 
 
 def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _NormKernel | None:
@@ -558,6 +563,7 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
                     "grad_output", x.name, _last(x), "mean", "rstd", w.name, b.name, _first(needs, 3),
                 ),
                 roles=(x, w, b),
+                eps=e,
             )
         square = ReduceMean(x**2, last)
         found = output.match(x / sympy.sqrt(square + eps) * weight)
@@ -569,6 +575,7 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
                 stats=((rstd, 1 / sympy.sqrt(square + e), square + e, rstd**-2),),
                 backward=None,
                 roles=(x, w),
+                eps=e,
             )
     return None
 
