@@ -516,3 +516,9 @@ def test_a_tensor_eps_runs_the_formula(name, modules):
     compiled = torch.compile(lambda *xs: alias(*xs, torch.tensor(1e-3)), fullgraph=True, backend="aot_eager")
     floats = [t.detach().float().requires_grad_() for t in tensors]
     compiled(*floats).sum().backward()
+
+
+def test_report_refuses_a_rowwise_module_with_one_line(cli):
+    code, _, err = cli("report", "softmax(x, -1)", "--name", "Softmax", "--no-timing", "--no-compile")
+    assert code == 2 and err.count("\n") == 1
+    assert "does not cover row-wise or --vjp modules" in err
