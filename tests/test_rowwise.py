@@ -489,3 +489,64 @@ def test_save_speed_keeps_the_log_probabilities_and_the_contract(case, tmp_path)
     torch.testing.assert_close(
         torch.func.vmap(function)(*batched), torch.stack([function(*[b[k] for b in batched]) for k in range(2)])
     )
+
+
+@pytest.mark.parametrize(
+    "options, option",
+    [({"grads": {"x": "1"}}, "--grad"), ({"inplace": True}, "--inplace")],
+)
+def test_options_the_rowwise_planner_lacks_are_refused(options, option):
+    # (it would otherwise write a module that ignores them: the true VJP, out of place)
+    with pytest.raises(SymgradError, match=f"{option} does not apply to row-wise expressions"):
+        generate_source("softmax(x, -1)", "Softmax_", **options)
+
+
+@pytest.mark.parametrize(
+    "expr, inputs, reference",
+    [
+        # (the adjoint is reduced where the softmax is not)
+        ("sum(log_softmax(x, -1), -1)", ("x",), lambda x: torch.log_softmax(x, -1).sum(-1)),
+        ("sum(softmax(x, -1), -1)", ("x",), lambda x: torch.softmax(x, -1).sum(-1)),
+        ("mean(log_softmax(x, -1))", ("x",), lambda x: torch.log_softmax(x, -1).mean()),
+        # (the softmax of a (H,) input broadcast against a (B, T, H) one)
+        ("log_softmax(w, -1)*x", ("x", "w"), lambda x, w: torch.log_softmax(w, -1) * x),
+        ("softmax(w, -1) + x", ("x", "w"), lambda x, w: torch.softmax(w, -1) + x),
+    ],
+)
+def test_softmax_backward_kernels_get_an_adjoint_of_the_softmax_shape(expr, inputs, reference, tmp_path):
+    """ATen's _softmax_backward_data / _log_softmax_backward_data do not broadcast: given a
+    grad of another shape they raise, or (log_softmax) return wrong values silently."""
+    module = _load(Case("Shaped", expr, reference, inputs=inputs), tmp_path)
+    shapes = {"x": (2, 3, 5), "w": (5,)}
+    args = [torch.randn(shapes[name], dtype=torch.float64, requires_grad=True) for name in inputs]
+    torch.testing.assert_close(_alias(module)(*args), reference(*args))
+    assert torch.autograd.gradcheck(_alias(module), args)
+    assert torch.autograd.gradgradcheck(_alias(module), args)
+
+
+@pytest.mark.parametrize("name", ["LayerNorm", "RMSNorm"])
+def test_a_tensor_eps_runs_the_formula(name, modules):
+    """The kernels take eps as a float: a tensor eps, one per row in eager mode or 0-d under
+    torch.compile(fullgraph=True), runs the formula and keeps the contract."""
+    case = next(c for c in CASES if c.name == name)
+    tensors, _ = _args(case)
+    alias = _alias(modules[name])
+    x = tensors[0]
+    for eps in (torch.full((4, 1), 1e-3, dtype=torch.float64), torch.tensor(1e-3, dtype=torch.float64)):
+        if name == "LayerNorm":
+            want = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)
+            want = want * tensors[1] + tensors[2]
+        else:
+            want = x / torch.sqrt((x**2).mean(-1, keepdim=True) + eps) * tensors[1]
+        torch.testing.assert_close(alias(*tensors, eps), want)
+        assert torch.autograd.gradcheck(lambda *xs: alias(*xs, eps), tensors)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *xs: alias(*xs, torch.tensor(1e-3)), fullgraph=True, backend="aot_eager")
+    floats = [t.detach().float().requires_grad_() for t in tensors]
+    compiled(*floats).sum().backward()
+
+
+def test_report_refuses_a_rowwise_module_with_one_line(cli):
+    code, _, err = cli("report", "softmax(x, -1)", "--name", "Softmax", "--no-timing", "--no-compile")
+    assert code == 2 and err.count("\n") == 1
+    assert "does not cover row-wise or --vjp modules" in err

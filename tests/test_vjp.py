@@ -111,6 +111,8 @@ def test_the_module_says_it_is_a_surrogate():
         ("x", {"vjps": {"x": "grad_output"}, "fuse": True}, "cannot be combined with --fuse"),
         ("x", {"vjps": {"x": "(grad_output, 1)"}}, "must be a single expression"),
         ("x", {"vjps": {"x": "grad_output +* 2"}}, "invalid syntax"),
+        # (the --vjp planner has no --grad: it would keep y's true gradient silently)
+        ("x*y", {"vjps": {"x": "grad_output"}, "grads": {"y": "1"}}, "--grad cannot be combined with --vjp"),
     ],
 )
 def test_bad_vjp_is_refused(expr, options, message):

@@ -177,7 +177,20 @@ def parse_spec(spec: Spec) -> Parsed:
             raise SymgradError(f"{where} does not depend on any input ({out.expr}), so it has no gradient")
     surrogates = _parse_surrogates(spec, outputs, inputs, params)
     vjps = _parse_vjps(spec, outputs, inputs, params)
+    _refuse_rowwise_options(spec, outputs, vjps)
     return Parsed(spec=spec, outputs=outputs, inputs=inputs, params=params, surrogates=surrogates, vjps=vjps)
+
+
+def _refuse_rowwise_options(spec: Spec, outputs, vjps) -> None:
+    """Refuse the options the row-wise planner (which also plans every --vjp module) does
+    not implement, rather than write a module that silently ignores them."""
+    if vjps and spec.grads:
+        raise SymgradError("--grad cannot be combined with --vjp: write that input's whole gradient with --vjp too")
+    if not any(reductions.is_rowwise(out.expr) for out in outputs):
+        return
+    for option, on in (("--grad", bool(spec.grads)), ("--inplace", spec.inplace)):
+        if on:
+            raise SymgradError(f"{option} does not apply to row-wise expressions (reductions along a dim, softmax, gather, chunk)")
 
 
 # The upstream gradient's symbol in a --vjp expression.

@@ -245,6 +245,27 @@ class SoftmaxBackward(sympy.Function):
         return printer._print(self.formula())
 
 
+class AdjointShapedAs(sympy.Function):
+    """A softmax's adjoint ``g`` in the shape of the softmax's value ``y``, as ATen's
+    backward kernels need it (they do not broadcast): expanded where ``g`` was reduced
+    (``sum(log_softmax(x, -1), -1)``), summed where ``y`` was broadcast further on
+    (``log_softmax(w, -1)*x`` with ``w`` of shape ``(H,)``); both exact, as the VJP is
+    linear in ``g``. Printed as the module helper ``_reduced_to(g, y.shape)``. Args: g, y."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("AdjointShapedAs is a backward value: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        adjoint, y = self.args
+        return call("_reduced_to", printer._print(adjoint), attribute(printer._print(y), "shape"))
+
+    def _sympystr(self, printer) -> str:
+        return printer._print(self.args[0])
+
+
 class Gather(RowFunction):
     """The element of ``e`` that the integer tensor ``t`` picks along the last dim (kept)."""
 

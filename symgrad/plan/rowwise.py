@@ -26,6 +26,7 @@ from ..codegen.printer import helpers_used, print_tree
 from ..codegen.syntax import NONE, Code, attribute, call, compare, if_else, method, name, string, unary
 from ..derive.rowwise import EVERY, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
 from ..math.reductions import (
+    AdjointShapedAs,
     Count,
     Gather,
     LogSoftmax,
@@ -34,6 +35,7 @@ from ..math.reductions import (
     ReduceSum,
     RowFunction,
     Softmax,
+    SoftmaxBackward,
     WHOLE,
     dims_code,
     print_dims,
@@ -111,6 +113,7 @@ class _Planner:
 
     def saving(self) -> _Saving:
         raw = tuple(self.counted_by_inputs(v) for v in vjp(list(self.outputs), self.adjoints, self.inputs))
+        raw = tuple(self.adjoints_shaped_for_kernels(v) for v in raw)
         given = dict(self.p.vjps)  # --vjp: the user's whole gradients (grad_output is the adjoint)
         raw = tuple(given.get(x, v) for x, v in zip(self.inputs, raw))
         # --save memory: the fewest full-size tensors. --save speed: also a softmax or
@@ -121,6 +124,21 @@ class _Planner:
         if self.spec.save == "speed":
             return min(options, key=lambda o: (o.recomputed(), o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
         return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
+
+    def adjoints_shaped_for_kernels(self, expr: sympy.Expr) -> sympy.Expr:
+        """``expr`` with the adjoint of each softmax backward kernel made the softmax's shape
+        wherever it may not be already: where tensors of several shapes meet, or where the
+        adjoint is reduced along dims that the softmax's value is not."""
+        everything = frozenset(self.inputs + self.params)
+        known = dict(zip(self.adjoints, self.reduced))
+
+        def shaped(node: SoftmaxBackward) -> sympy.Expr:
+            adjoint, y, *rest = node.args
+            if not self.broadcasts and reduced_dims(adjoint, everything, known) == reduced_dims(y, everything):
+                return node
+            return SoftmaxBackward(AdjointShapedAs(adjoint, y), y, *rest)
+
+        return expr.replace(lambda e: isinstance(e, SoftmaxBackward) and not isinstance(e.args[0], AdjointShapedAs), shaped)
 
     def _with_stats(self, raw: tuple[sympy.Expr, ...], outputs: bool, full: bool = False) -> _Saving:
         replacements: dict[sympy.Expr, sympy.Expr] = {}
@@ -317,14 +335,18 @@ class _Planner:
         return Method(params=tuple(s.name for s in self.inputs + self.params), body=tuple(statements), values=tuple(values))
 
     def norm_forward(self, params: tuple[str, ...]) -> Method:
-        """The kernel where the weights have its normalised shape, (H,); the formula, with
-        the same row values, for any other shape."""
+        """The kernel where the weights have its normalised shape, (H,), and eps is a
+        number; the formula, with the same row values, for any other shape or a tensor eps."""
         norm = self.norm
         kernel = (Return((norm.forward,)),)
         fits = None
         for role in norm.roles[1:]:
             same = compare(attribute(role.name, "shape"), "==", _from_last(norm.roles[0]))
             fits = same if fits is None else _and(fits, same)
+        if norm.eps.is_Symbol:
+            # (the kernels take eps as a float: a tensor eps, 0-d under torch.compile or
+            # one per row, runs the formula)
+            fits = _and(fits, unary("not", call("isinstance", norm.eps.name, "torch.Tensor")))
         stats = [(symbol, formula.xreplace({p: r for _, _, p, r in norm.stats[:k]})) for k, (symbol, formula, _, _) in enumerate(norm.stats)]
         output = self.outputs[0]
         for _, _, pattern, replacement in reversed(norm.stats):
@@ -528,6 +550,7 @@ class _NormKernel:
     # (x, w, b), in that order
     backward: "Callable[[Code], Code] | None"
     roles: tuple[sympy.Symbol, ...]  # x, w[, b]
+    eps: sympy.Expr  # a positive number, or the param passed as the kernel's float eps
 
 
 def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _NormKernel | None:
@@ -556,6 +579,7 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
                     "grad_output", x.name, _last(x), "mean", "rstd", w.name, b.name, _first(needs, 3),
                 ),
                 roles=(x, w, b),
+                eps=e,
             )
         square = ReduceMean(x**2, last)
         found = output.match(x / sympy.sqrt(square + eps) * weight)
@@ -567,6 +591,7 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
                 stats=((rstd, 1 / sympy.sqrt(square + e), square + e, rstd**-2),),
                 backward=None,
                 roles=(x, w),
+                eps=e,
             )
     return None
 
