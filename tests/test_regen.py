@@ -498,13 +498,14 @@ def _without(folder: Path, template: str, start: str, end: str) -> None:
 
 def test_template_without_the_fused_helpers_is_refused(cli, tmp_path):
     """A custom (or pre-0.1 copy of) fused.py.jinja that does not print the helpers would
-    write a module whose bodies call an undefined helper (_sigmoid; and _float32_for_half,
-    in every body of more than one operation): refused, nothing written."""
+    write a module whose bodies call an undefined helper (_sigmoid, _float32_for_half, and
+    _dtype_with in tanh's exact second derivative; the first by name is named): refused,
+    nothing written."""
     folder = custom_templates(tmp_path / "old", "before helpers")
     _without(folder, "fused.py.jinja", "{% for line in plan.helpers %}", "{{ m.function(plan.fused.forward_name")
     assert_error(
         cli("tanh(x)", "--name", "TanhFused", "--fuse", "--templates", "old"),
-        "template 'fused.py.jinja' calls _float32_for_half without defining it: print plan.helpers"
+        "template 'fused.py.jinja' calls _dtype_with without defining it: print plan.helpers"
         " (see symgrad's templates/fused.py.jinja)",
     )
     assert not (tmp_path / "generated" / "tanh_fused.py").exists()
