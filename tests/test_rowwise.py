@@ -550,3 +550,15 @@ def test_report_refuses_a_rowwise_module_with_one_line(cli):
     code, _, err = cli("report", "softmax(x, -1)", "--name", "Softmax", "--no-timing", "--no-compile")
     assert code == 2 and err.count("\n") == 1
     assert "does not cover row-wise or --vjp modules" in err
+
+
+def test_norm_gradient_is_zero_on_an_all_zero_row(modules):
+    """A padding row of zeros: torch's vector_norm gives it gradient 0, not 0/0."""
+    case = next(c for c in CASES if c.name == "ColumnNorms")
+    x = torch.randn(4, 6, dtype=torch.float64)
+    x[:, 2] = 0
+    x.requires_grad_()
+    (grad,) = torch.autograd.grad(_alias(modules[case.name])(x).sum(), x)
+    (want,) = torch.autograd.grad(case.reference(x).sum(), x)
+    torch.testing.assert_close(grad, want)
+    assert torch.isfinite(grad).all()

@@ -145,3 +145,19 @@ def test_pyproject_vjp_key(tmp_path):
     config.write_text('[tool.symgrad]\n[[tool.symgrad.functions]]\nname = "A"\nexpr = "x"\nvjp = { x = 1 }\n')
     with pytest.raises(SymgradError, match="'vjp' must be a table of expressions"):
         load_targets(config)
+
+
+@pytest.mark.parametrize("grad, want", [("1", 1.0), ("k", 0.25)])
+def test_a_gradient_of_numbers_and_params_alone(grad, want, tmp_path):
+    """--vjp x=1 (or a number param): a tensor of the input's shape, not a number."""
+    source = generate_source("sign(x)", "Flat", params=["k"] if grad == "k" else [], vjps={"x": grad})
+    path = tmp_path / "vjp_flat.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    x = torch.randn(3, 4, requires_grad=True)
+    args = (x, 0.25) if grad == "k" else (x,)
+    module.flat(*args).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3, 4), want))

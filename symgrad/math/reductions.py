@@ -175,10 +175,14 @@ class Norm(Reduction):
     torch_name = "linalg.vector_norm"
 
     def vjp(self, adjoint):
-        return adjoint * self.operand / self
+        # 0 on a row that is all zeros (padding), as torch's vector_norm gives, not 0/0
+        return adjoint * self._direction(self.operand)
 
     def jvp(self, tangent):
-        return ReduceSum(self.operand * tangent, self.dims) / self
+        return ReduceSum(self._direction(self.operand) * tangent, self.dims)
+
+    def _direction(self, operand: sympy.Expr) -> sympy.Expr:
+        return sympy.Piecewise((sympy.S.Zero, sympy.Eq(self, 0)), (operand / self, True))
 
     def _sympystr(self, printer) -> str:
         if not self.dims:

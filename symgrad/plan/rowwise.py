@@ -23,7 +23,7 @@ from typing import Callable
 import sympy
 
 from ..codegen.printer import helpers_used, print_tree
-from ..codegen.syntax import NONE, Code, attribute, call, compare, if_else, method, name, string, unary
+from ..codegen.syntax import NONE, Code, attribute, binop, call, compare, if_else, method, name, string, unary
 from ..derive.rowwise import EVERY, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
 from ..math.reductions import (
     AdjointShapedAs,
@@ -464,9 +464,14 @@ class _Planner:
         values = [self.print(e) for e in reduced]
         final: list[Code] = []
         helpers: frozenset[str] = frozenset()
+        tensors = set(self.inputs) | set(self.adjoints) | set(self.result_symbols) | {s for s, _ in saving.stats}
         for j, (x, value) in enumerate(zip(self.inputs, values)):
             dims = self.value_dims(saving.vjps[j])
             shape = name(f"{x.name}_shape") if self.pure else attribute("ctx", f"{x.name}_shape")
+            if vjps[j] != 0 and not vjps[j].free_symbols & tensors:
+                # A gradient of numbers and params alone (--vjp x=1): a tensor of the upstream
+                # gradient's shape, dtype and device, then shaped as any other.
+                value = binop(call("torch.zeros_like", self.grads[0]), "+", value)
             if saving.vjps[j] == 0:
                 final.append(NONE)
             elif self.broadcasts:
@@ -529,6 +534,8 @@ class _Planner:
         parts += [
             f"{s.name} = {node}" + ("" if isinstance(node, Softmax) else " (one value per row)") for s, node in saving.stats
         ]
+        if not parts:
+            return ("Saved for backward: nothing (the gradient reads no tensor).",)
         why = " (the gradient is written in the output)" if saving.outputs and not saving.inputs else ""
         return (f"Saved for backward: {', '.join(parts)}{why}.",)
 
