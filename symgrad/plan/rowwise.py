@@ -239,6 +239,7 @@ class _Planner:
         Function's methods run through the module's ``_fused`` runner (torch.compile)."""
         self.pure = True
         try:
+            pure_forward = self.forward(saving)
             pure_backward = self.backward(saving)
             pure_jvp, _ = self.jvp()
         finally:
@@ -261,7 +262,7 @@ class _Planner:
         jvp_saved = list(jvp_method.unpack.names) if jvp_method.unpack else []
         pure_jvp = replace(pure_jvp, params=(*(t.id for t in tangents), *jvp_saved), unpack=None)
         calling_forward = Method(
-            params=forward.params, values=(through_runner("forward", forward, [name(p) for p in forward.params]),)
+            params=forward.params, values=(through_runner("forward", pure_forward, [name(p) for p in forward.params]),)
         )
         calling_backward = replace(
             backward, body=(), values=(through_runner("backward", pure_backward, backward_args),), value_helpers=frozenset()
@@ -274,7 +275,7 @@ class _Planner:
             cache="_COMPILED",
             eager_work="_EAGER_WORK_LIMIT",
             forward_name=names["forward"],
-            forward=forward,
+            forward=pure_forward,
             backward_name=names["backward"],
             backward=pure_backward,
             jvp_name=names["jvp"],
@@ -287,6 +288,8 @@ class _Planner:
         return fused, calling_forward, calling_backward, calling_jvp
 
     def print(self, expr: sympy.Expr) -> Code:
+        if self.pure:
+            expr = compiled_form(expr)
         self.helpers |= helpers_used(expr)
         return print_tree(expr, self.names)
 
@@ -440,7 +443,7 @@ class _Planner:
         kernel = _kernel_backward(self, saving)
         with_kernels = any(v.has(KernelGradient) for v in saving.vjps)
         formula_vjps = [formula_of_kernels(v) for v in saving.vjps]
-        if with_kernels and kernel is None:
+        if with_kernels and kernel is None and not self.pure:
             # ATen's backward kernels (silu_backward, ...) have no derivative of their own:
             # first-order backward calls them, create_graph's the formula.
             kernel_statements, kernel_values, _ = self.gradients(list(saving.vjps), saving)
@@ -672,6 +675,24 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
         values = [name(gradients[x]) for x in planner.inputs] + [NONE] * len(planner.params)
         return (kernel, Return(tuple(values)))
     return None
+
+
+def compiled_form(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` as --fuse's bodies print it: softmax, log_softmax and their backward kernels,
+    and ATen's activation backward kernels, as their formulas (through the row's
+    logsumexp), which inductor fuses with the rest of the body; a kernel call it would run
+    as it is, one pass of its own."""
+
+    def formula(node: sympy.Expr) -> sympy.Expr:
+        if isinstance(node, SoftmaxBackward):
+            return node.formula()
+        if type(node) is LogSoftmax:
+            return node.operand - _LSE(node.operand, node.dims)
+        if type(node) is Softmax:
+            return sympy.exp(node.operand - _LSE(node.operand, node.dims))
+        return node
+
+    return _bottom_up(formula_of_kernels(expr), formula)
 
 
 def stabilised(expr: sympy.Expr) -> sympy.Expr:
