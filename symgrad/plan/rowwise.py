@@ -17,36 +17,49 @@ backward calls it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import sympy
 
 from ..codegen.printer import helpers_used, print_tree
-from ..codegen.syntax import NONE, Code, attribute, binop, call, compare, if_else, method, name, string, unary
+from ..codegen.syntax import (
+    NONE,
+    Code,
+    attribute,
+    binop,
+    call,
+    compare,
+    if_else,
+    method,
+    name,
+    number,
+    string,
+    subscript,
+    tuple_of,
+    unary,
+)
 from ..derive.rowwise import EVERY, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
 from ..math.reductions import (
     AdjointShapedAs,
     Count,
     Gather,
     LogSoftmax,
+    LogSumExp as _LSE,
     Reduction,
     ReduceMean,
     ReduceSum,
-    RowFunction,
     Softmax,
     SoftmaxBackward,
     WHOLE,
     dims_code,
-    print_dims,
 )
 from ..frontend.parse import Parsed
 from ..math.functions import sigmoid, silu
 from ..naming import snake_case
-from .assemble import _with_helpers
-from dataclasses import replace
-
 from ..errors import SymgradError
+from .assemble import _with_helpers
 from .ir import Assign, Comment, Fused, If, Line, Method, Plan, Raise, Return, Unpack, render_statements
 from .operations import eager_operations
 
@@ -361,7 +374,6 @@ class _Planner:
 
     def setup_context(self, saving: _Saving) -> Method:
         lines: list = []
-        n_out = len(self.outputs)
         outputs_named = saving.outputs or saving.stats
         reads_inputs = bool(saving.inputs) or any(self._reshapes_gradient(j) for j in range(len(self.inputs)))
         if reads_inputs:
@@ -495,7 +507,6 @@ class _Planner:
         tangents = [self.counted_by_inputs(t) for t in jvp(list(self.outputs), self.tangent_symbols, self.inputs)]
         statements, reduced = self.cse(list(tangents), "u")
         values = [self.squeezed(e, self.reduced[i]) for i, e in enumerate(reduced)]
-        names = [s.name for s in self.inputs + self.params]
         used = set().union(*(t.free_symbols for t in tangents))
         kept = [s for s in self.inputs + self.params if s in used]
         numbers = tuple(s.name for s in kept if s in self.params)
@@ -608,40 +619,26 @@ def match_norm_kernel(output: sympy.Expr, inputs: tuple, params: tuple) -> _Norm
 
 def _last(x: sympy.Symbol) -> Code:
     """``(x.shape[-1],)``: the normalised shape, the last dim."""
-    from ..codegen.syntax import subscript, tuple_of
-
     return tuple_of(subscript(attribute(x.name, "shape"), -1))
 
 
 def _scalar(eps: sympy.Expr) -> Code:
-    from ..codegen.syntax import number
-
     return name(eps.name) if eps.is_Symbol else number(float(eps))
 
 
 def _from_last(x: sympy.Symbol) -> Code:
     """``x.shape[-1:]``."""
-    import ast
-
-    from ..codegen.syntax import subscript
-
     return subscript(attribute(x.name, "shape"), ast.Slice(ast.UnaryOp(ast.USub(), ast.Constant(1)), None, None))
 
 
 def _and(left: Code, right: Code) -> Code:
     """``left and right``, one chain where ``left`` is one already."""
-    import ast
-
     earlier = left.values if isinstance(left, ast.BoolOp) and isinstance(left.op, ast.And) else [left]
     return ast.BoolOp(ast.And(), [*earlier, right])
 
 
 def _first(value: Code, stop: int) -> Code:
     """``value[:stop]``."""
-    import ast
-
-    from ..codegen.syntax import subscript
-
     return subscript(value, ast.Slice(None, ast.Constant(stop), None))
 
 
@@ -740,7 +737,6 @@ def stabilised(expr: sympy.Expr) -> sympy.Expr:
     return _bottom_up(expr, rewrite)
 
 
-from ..math.reductions import LogSumExp as _LSE  # noqa: E402
 
 
 def _lse(operand: sympy.Expr, dims: sympy.Tuple) -> sympy.Expr:
