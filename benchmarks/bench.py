@@ -693,17 +693,10 @@ def saved_split(torch, fn, xs, arguments, shape: tuple[int, int]) -> SavedSplit:
     """The unique storages autograd saves during one forward of ``fn(*xs)`` (counted as
     :func:`saved_bytes` counts them), split by size and by whether they are one of
     ``arguments`` (the call's tensors, params included)."""
+    from symgrad.report.cost import saved_storages
+
     given = {(a.untyped_storage().data_ptr(), a.device) for a in arguments if isinstance(a, torch.Tensor)}
-    storages = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        storages[(storage.data_ptr(), tensor.device)] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*xs)
-    del out
+    storages = saved_storages(torch, fn, xs)
     rows, columns = shape
     full_bytes = 4 * rows * columns
     small = {key: nbytes for key, nbytes in storages.items() if nbytes < full_bytes}

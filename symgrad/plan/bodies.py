@@ -20,7 +20,6 @@ from ..codegen.syntax import (
     binop,
     call,
     compare,
-    dotted,
     first_present,
     method,
     name,
@@ -31,7 +30,7 @@ from ..codegen.syntax import (
 from ..math.numbers import numbers_to_floats
 from ..math.functions import expand_functions
 from ..math.series import TaylorPolynomial
-from .code import accumulate, sum_of, sum_of_present, times_upstream
+from .code import accumulate, sum_of, sum_of_present, times_upstream, with_helpers
 from .inplace import reuse_buffers_in
 from .ir import Assign, Comment, FirstOrderBranch, If, Line, Method, SecondDerivative, Statement
 from .names import Names, SymbolStream
@@ -385,7 +384,7 @@ class Builder:
             # Reduced term by term: the outputs (derivatives included) differ in shape.
             term = method(parens(term), "sum_to_size", self.ctx_ref(self.name(self.inputs[j]) + "_shape"))
         term_name = self.term() if self.contributions[j] > 1 else None
-        return _with_helpers(accumulate(grad, term, self.contributions[j] == 1, term_name), helpers)
+        return with_helpers(accumulate(grad, term, self.contributions[j] == 1, term_name), helpers)
 
     def backward_term(self, output: int, expr: sympy.Expr) -> Code:
         grad_output: Code = name(self.names.grad_outputs[output])
@@ -473,7 +472,7 @@ class Builder:
                 body.append(Assign(tangent, value, helpers))
             else:
                 present = [(self.names.tangents[j], term) for j, term, _ in terms]
-                body += _with_helpers(sum_of_present(tangent, present, self.term()), helpers)
+                body += with_helpers(sum_of_present(tangent, present, self.term()), helpers)
                 dtype = self.ctx_ref(f"{result}_dtype")
                 device = attribute(self.reference, "device")
                 body.append(
@@ -500,19 +499,6 @@ class Builder:
         tangent = name(self.names.tangents[j])
         term = times_upstream(tangent, self.code(expr), expr, upstream_first="jvp" in self.upstream_first)
         return call("_reduced_to", term, self.ctx_ref(reduce_to)) if reduce_to else term
-
-
-def _with_helpers(statements: list[Statement], helpers: frozenset[str]) -> list[Statement]:
-    """``statements`` (an accumulation of printed terms), each assignment also calling
-    ``helpers``."""
-    result: list[Statement] = []
-    for statement in statements:
-        if isinstance(statement, Assign):
-            statement = Assign(statement.target, statement.value, statement.helpers | helpers)
-        elif isinstance(statement, If):
-            statement = If(statement.condition, tuple(_with_helpers(list(statement.body), helpers)), statement.orelse)
-        result.append(statement)
-    return result
 
 
 def _first_order_branch(

@@ -73,3 +73,16 @@ def sum_of(terms: list[Code]) -> Code:
     for term in terms[1:]:
         total = joined(total, "+", term)
     return total
+
+
+def with_helpers(statements: list[Statement], helpers: frozenset[str]) -> list[Statement]:
+    """``statements`` (an accumulation of printed terms), each assignment, nested ones too,
+    also calling ``helpers``."""
+    result: list[Statement] = []
+    for statement in statements:
+        if isinstance(statement, Assign):
+            statement = Assign(statement.target, statement.value, statement.helpers | helpers)
+        elif isinstance(statement, If):
+            statement = If(statement.condition, tuple(with_helpers(list(statement.body), helpers)), statement.orelse)
+        result.append(statement)
+    return result

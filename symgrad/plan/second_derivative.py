@@ -13,7 +13,6 @@ from ..codegen.syntax import (
     NONE,
     Code,
     attribute,
-    binop,
     call,
     compare,
     generator,
@@ -25,7 +24,7 @@ from ..codegen.syntax import (
     subscript,
     tuple_of,
 )
-from .code import sum_of, sum_of_present, times_upstream, unpack_target
+from .code import sum_of, sum_of_present, times_upstream, unpack_target, with_helpers
 from .ir import Assign, Comment, CreateGraphBranch, If, Line, Method, Return, SecondDerivative, Statement
 from .names import derivative_class
 
@@ -188,7 +187,7 @@ class SecondDerivatives:
             else:  # (one cotangent, never None)
                 unset, summed = Assign(grad, NONE), [Assign(grad, added[reaching[0]])]
             needs = subscript("ctx.needs_input_grad", j)
-            statements += [unset, If(needs, tuple(_calling(summed, helpers)))]
+            statements += [unset, If(needs, tuple(with_helpers(summed, helpers)))]
             grads.append(name(grad))
         grads += [NONE] * len(param_names)
         backward = Method(("ctx",) + cotangents, tuple(statements), tuple(grads), unpack=unpack, value_helpers=helpers)
@@ -208,7 +207,7 @@ class SecondDerivatives:
                 pushed.append(product(tangents[0], k, 0))
                 continue
             tangent = b.names.namer.claim(f"{derivatives[k]}_tangent")
-            statements += _calling(
+            statements += with_helpers(
                 sum_of_present(tangent, [(tangents[j], product(tangents[j], k, j)) for j in moving], term), helpers
             )
             zero = call("torch.zeros", tuple_of(), dtype=subscript("ctx.dtypes", k), device=attribute(inputs[0], "device"))
@@ -278,16 +277,3 @@ class SecondDerivatives:
         second = self.b.second
         targets = unpack_target(second.derivatives) if len(second.derivatives) > 1 else second.derivatives[0]
         return Assign(targets, call(f"{second.class_name}.apply", *second.inputs, *second.params))
-
-
-def _calling(statements: list[Statement], helpers: frozenset[str]) -> list[Statement]:
-    """``statements`` (sums of printed terms), each assignment also calling ``helpers``."""
-    result: list[Statement] = []
-    for statement in statements:
-        if isinstance(statement, Assign):
-            statement = Assign(statement.target, statement.value, statement.helpers | helpers)
-        elif isinstance(statement, If):
-            statement = If(statement.condition, tuple(_calling(list(statement.body), helpers)), statement.orelse)
-        result.append(statement)
-    return result
-

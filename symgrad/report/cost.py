@@ -35,6 +35,12 @@ class Cost:
 
 def saved_bytes(torch, function: Callable, inputs: Sequence) -> int:
     """Bytes of the unique storages autograd saves for backward during one forward."""
+    return sum(saved_storages(torch, function, inputs).values())
+
+
+def saved_storages(torch, function: Callable, inputs: Sequence) -> dict:
+    """The unique storages autograd saves for backward during one forward of
+    ``function(*inputs)``: their bytes, by (data pointer, device)."""
     storages = {}
 
     def pack(tensor):
@@ -45,7 +51,7 @@ def saved_bytes(torch, function: Callable, inputs: Sequence) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = function(*inputs)
     del out
-    return sum(storages.values())
+    return storages
 
 
 def measure(
