@@ -14,7 +14,6 @@ reduction), or :data:`EVERY` for a 0-d value (a whole-tensor reduction, a number
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Union
 
 import sympy
@@ -172,16 +171,6 @@ def _kernels() -> dict:
 
 _BACKWARD_KERNELS = _kernels()
 _BACKWARD_KERNELS_BY_NAME = {cls.__name__: kernel for cls, kernel in _BACKWARD_KERNELS.items()}
-
-
-@dataclass(frozen=True)
-class RowDerivatives:
-    """Each input's gradient (VJP) and each output's tangent (jvp), as expressions in the
-    adjoint symbols ``adjoints`` (one per output, of the output's kept-dims shape) and the
-    tangent symbols ``tangents`` (one per input)."""
-
-    vjps: tuple[sympy.Expr, ...]
-    jvps: tuple[sympy.Expr, ...]
 
 
 def vjp(

@@ -459,9 +459,6 @@ def _binary_chain(first, op: str, rest: list) -> Code:
     return result
 
 
-ROW_FUNCTIONS = (ReduceSum, ReduceMean, ReduceMax, ReduceMin, LogSumExp, Norm, Softmax, LogSoftmax, Gather, Chunk)
-
-
 def is_rowwise(expr: sympy.Basic) -> bool:
     """Whether ``expr`` has a row-wise function anywhere."""
     return any(isinstance(node, RowFunction) for node in sympy.preorder_traversal(expr))
