@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -90,6 +91,15 @@ CASES = [
         lambda x, t, s: F.cross_entropy(x, t, label_smoothing=s),
         params=("t", "s"),
         values={"t": _targets, "s": 0.1},
+    ),
+    Case(
+        "ScaledCrossEntropy",  # (the gather's operand has neither input's shape: w is (H,))
+        "mean(-gather(log_softmax(x*w, -1), t))",
+        lambda x, w, t: F.cross_entropy(x * w, t),
+        inputs=("x", "w"),
+        params=("t",),
+        shapes={"w": (6,)},
+        values={"t": _targets},
     ),
     Case("SwiGLU", "chunk(x, 2, 0)*sigmoid(chunk(x, 2, 0))*chunk(x, 2, 1)", lambda x: F.silu(x[..., :3]) * x[..., 3:]),
     Case(
@@ -455,6 +465,27 @@ def test_a_float_class_index_is_refused_at_call_time(modules):
     x = torch.randn(4, 6)
     with pytest.raises(RuntimeError, match="gather.*int64"):
         _alias(modules["CrossEntropy"])(x, torch.tensor([1.0, 0.0, 5.0, 2.0]))
+
+@pytest.mark.parametrize(
+    "index, got",
+    [
+        (torch.tensor([1]), "shape (1,)"),  # torch.gather would pick from row 0 only
+        (torch.tensor([1, 0, 5]), "shape (3,)"),  # ... from the first three rows
+        (torch.tensor([[1], [0], [5], [2]]), "shape (4, 1)"),
+        (torch.tensor(1), "shape ()"),
+        (1, "int"),
+    ],
+)
+def test_a_class_index_of_another_shape_is_refused_at_call_time(index, got, modules):
+    """gather's index must have the values' shape without the last dim, as F.cross_entropy's
+    target must: torch.gather takes a smaller index and gives a silently wrong loss."""
+    x = torch.randn(4, 6, requires_grad=True)
+    for name in ("CrossEntropy", "LabelSmoothedCrossEntropy"):
+        extra = (0.1,) if name == "LabelSmoothedCrossEntropy" else ()
+        message = rf"gather: the class index has {re.escape(got)}; it must be an integer tensor of shape \(4,\)"
+        with pytest.raises(ValueError, match=message):
+            _alias(modules[name])(x, index, *extra)
+
 
 def test_a_dim_out_of_range_is_refused_at_call_time(tmp_path):
     module = _load(Case("ThirdDim", "sum(x, 2)", lambda x: x.sum(2)), tmp_path)

@@ -144,6 +144,15 @@ def test_reduced_to():
     assert h._reduced_to(tangent, ()).item() == 6.0
 
 
+def test_gather_last_checks_the_index_shape():
+    values = torch.arange(12.0).reshape(2, 2, 3)
+    index = torch.tensor([[0, 2], [1, 1]])
+    assert torch.equal(h._gather_last(values, index), torch.tensor([[[0.0], [5.0]], [[7.0], [10.0]]]))
+    for wrong in (torch.tensor([0, 2]), index.unsqueeze(-1), 2):
+        with pytest.raises(ValueError, match=r"must be an integer tensor of shape \(2, 2\)"):
+            h._gather_last(values, wrong)
+
+
 def test_round_to():
     x, n = torch.tensor([1.0 / 3.0]), torch.tensor([2])
     assert h._round_to(None, x) is x

@@ -284,16 +284,23 @@ class Gather(RowFunction):
         return self.args[1]
 
     def vjp(self, adjoint):
-        # (zeros like an input the operand is computed from: a name, which CSE leaves alone)
-        anchor = sorted(self.operand.free_symbols - {self.index}, key=str)[0]
-        return Scatter(adjoint, self.index, anchor)
+        return Scatter(adjoint, self.index, self._shaped_like())
+
+    def _shaped_like(self) -> sympy.Expr:
+        """A value of the operand's shape for the scatter's zeros: the one input the operand
+        broadcasts from, unreduced (a name, which CSE leaves alone), else the operand itself
+        (``gather(x*w, t)`` with ``w`` of shape ``(H,)``: neither input has its shape)."""
+        leaves = _leaves(self.operand, frozenset())
+        if len(leaves) == 1 and not leaves[0].gathered and not leaves[0].reduced:
+            return next(s for s in self.operand.free_symbols if str(s) == leaves[0].name)
+        return self.operand
 
     def jvp(self, tangent):
         return Gather(tangent, self.index)
 
     def _symgrad_torch(self, printer) -> Code:
-        index = printer._print(self.index)
-        return call("torch.gather", printer._print(self.operand), -1, method(index, "unsqueeze", -1))
+        # (the module helper checks the index's shape, which torch.gather does not)
+        return call("_gather_last", printer._print(self.operand), printer._print(self.index))
 
     def _sympystr(self, printer) -> str:
         return f"gather({printer._print(self.operand)}, {printer._print(self.index)})"
@@ -423,8 +430,7 @@ class Scatter(sympy.Function):
 
     def _symgrad_torch(self, printer) -> Code:
         values, index, like = self.args
-        full = sorted((s for s in like.free_symbols), key=str)
-        anchor = printer._print(full[0])
+        anchor = printer._print(like)
         index_code = printer._print(index)
         expanded = method(printer._print(values), "expand", starred(attribute(index_code, "shape")), 1)
         return method(call("torch.zeros_like", anchor), "scatter", -1, method(index_code, "unsqueeze", -1), expanded)

@@ -127,6 +127,19 @@ def _refuse_overwritten(ctx, **readers):
             )
 
 
+# torch.gather takes any index no larger than its input along the other dims, and F.nll_loss
+# any target that broadcasts nowhere: a target of shape (1,) or (B/2,) would pick from the
+# first rows only, a silently wrong loss. gather(e, t) is a class pick, so t must be e's
+# shape without its last dim exactly, as F.cross_entropy's target is.
+def _gather_last(values, t):
+    """values' element at class ``t`` along the last dim (kept): ``t`` has values' shape without it."""
+    if not isinstance(t, torch.Tensor) or t.shape != values.shape[:-1]:
+        got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        expected = tuple(values.shape[:-1])
+        raise ValueError(f"gather: the class index has {got}; it must be an integer tensor of shape {expected}")
+    return torch.gather(values, -1, t.unsqueeze(-1))
+
+
 # A jvp's tangent must have its output's exact shape: the engine does not broadcast it.
 def _reduced_to(tangent, shape):
     """``tangent`` broadcast to ``shape``, then summed over the dimensions it has beyond it."""
