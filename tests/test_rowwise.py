@@ -111,6 +111,9 @@ CASES = [
     Case("SumSquares", "sum(x**2)", lambda x: (x**2).sum()),
     # shapes: reductions meeting whole-tensor ones, tuple dims, a positive dim
     Case("RowSums", "sum(x, -1)", lambda x: x.sum(-1)),
+    # a mean's gradient reads x's shape alone: backward saves the shape, as MeanBackward does
+    Case("RowMeans", "mean(x, -1)", lambda x: x.mean(-1), saved_full=0),
+    Case("CenteredRows", "x - mean(x, -1)", lambda x: x - x.mean(-1, keepdim=True), saved_full=0),
     Case("RowsTimesMean", "sum(x, -1)*mean(x)", lambda x: x.sum(-1) * x.mean()),
     Case("MeanOfRowMax", "mean(amin(x, -1))", lambda x: torch.amin(x, -1).mean()),
     Case("Centered", "x - mean(x, (-2, -1))", lambda x: x - x.mean((-2, -1), keepdim=True), shapes={"x": (2, 3, 4)}),

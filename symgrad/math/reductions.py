@@ -19,7 +19,20 @@ from typing import ClassVar
 
 import sympy
 
-from ..codegen.syntax import Code, attribute, binop, call, compare, method, number, parens, starred, subscript, tuple_of
+from ..codegen.syntax import (
+    Code,
+    attribute,
+    binop,
+    call,
+    compare,
+    dotted,
+    method,
+    number,
+    parens,
+    starred,
+    subscript,
+    tuple_of,
+)
 
 # A whole-tensor reduction's dims: every dim, and the result is 0-d.
 WHOLE = sympy.Tuple()
@@ -387,16 +400,27 @@ class Count(sympy.Function):
         return f"count({printer._print(self.args[0])}, {print_dims(self.args[1])})"
 
 
+class KeptShape(sympy.Symbol):
+    """The shape of an input that backward reads only in a Count (``mean(x, -1)``'s
+    ``1/H``), named as the code holds it: ``ctx.x_shape``, or ``x_shape`` in ``--fuse``'s
+    pure bodies. Standing for the input there, it lets backward save a shape, not a tensor,
+    as autograd's MeanBackward does."""
+
+
 class _Leaf(tuple):
     """A tensor a value is computed from: its name, whether it is a gather's index (whose
-    gathered dim has size 1) and the dims reductions took on the way."""
+    gathered dim has size 1), the dims reductions took on the way, and whether the name is
+    of a kept shape (KeptShape) rather than of the tensor."""
 
     name = property(lambda self: self[0])
     gathered = property(lambda self: self[1])
     reduced = property(lambda self: self[2])
+    kept = property(lambda self: self[3])
 
     @property
     def shape(self) -> Code:
+        if self.kept:
+            return dotted(self.name)
         shape = attribute(self.name, "shape")
         return tuple_of(starred(shape), 1) if self.gathered else shape
 
@@ -405,7 +429,7 @@ def _leaves(expr: sympy.Basic, reduced: frozenset) -> list[_Leaf]:
     """The tensors ``expr``'s value broadcasts from (whole-tensor reductions and params that
     may be numbers, Dummies here, contribute none)."""
     if isinstance(expr, Gather):
-        return [_Leaf((str(expr.index), True, reduced))]
+        return [_Leaf((str(expr.index), True, reduced, False))]
     if isinstance(expr, Reduction):
         if not expr.dims:
             return []
@@ -413,7 +437,7 @@ def _leaves(expr: sympy.Basic, reduced: frozenset) -> list[_Leaf]:
     if isinstance(expr, sympy.Dummy):
         return []
     if isinstance(expr, sympy.Symbol):
-        return [_Leaf((str(expr), False, reduced))]
+        return [_Leaf((str(expr), False, reduced, isinstance(expr, KeptShape)))]
     found = []
     for arg in expr.args:
         if isinstance(arg, sympy.Basic) and not isinstance(arg, sympy.Tuple):

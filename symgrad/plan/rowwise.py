@@ -45,6 +45,7 @@ from ..math.reductions import (
     AdjointShapedAs,
     Count,
     Gather,
+    KeptShape,
     LogSoftmax,
     LogSumExp as _LSE,
     Reduction,
@@ -72,6 +73,7 @@ class _Saving:
     inputs: tuple[sympy.Symbol, ...]  # inputs and params it reads
     outputs: tuple[int, ...]  # the outputs it reads, by index
     stats: tuple[tuple[sympy.Symbol, sympy.Expr], ...]  # row values it reads, with their forward formula
+    shapes: tuple[sympy.Symbol, ...] = ()  # inputs whose shape it reads from ctx (KeptShape)
 
     def full_tensors(self, inputs: tuple[sympy.Symbol, ...], reduced: list) -> int:
         full_stats = sum(1 for _, node in self.stats if isinstance(node, Softmax))
@@ -178,6 +180,7 @@ class _Planner:
                         taken = sum(1 for symbol in stats.values() if symbol.name.startswith(label))
                         stats.setdefault(node, sympy.Symbol(f"{label}{taken}", real=True))
         vjps = tuple(_outside_counts(v, stats) for v in vjps)
+        vjps, shapes = _shapes_kept(vjps, self.inputs)
         used = set().union(*(v.free_symbols for v in vjps))
         if self.norm is not None and self.norm.backward is not None:
             used |= set(self.norm.roles)  # (the backward kernel reads x, w and b)
@@ -189,7 +192,7 @@ class _Planner:
         kept_stats = tuple(
             (symbol, node) for node, symbol in stats.items() if symbol in used or self.norm is not None
         )
-        return _Saving(vjps, read_inputs, read_outputs, kept_stats)
+        return _Saving(vjps, read_inputs, read_outputs, kept_stats, shapes)
 
     def counted_by_inputs(self, expr: sympy.Expr) -> sympy.Expr:
         """``expr`` with each Count read from the inputs' shapes alone: a param may be a
@@ -262,13 +265,14 @@ class _Planner:
         def through_runner(kind: str, body: Method, args: list[Code]) -> Code:
             return call("_fused", names[kind], *args, operations=max(1, eager_operations(body)))
 
-        shapes = [attribute("ctx", f"{x.name}_shape") for j, x in enumerate(self.inputs) if self._reshapes_gradient(j)]
+        kept = [x.name for j, x in enumerate(self.inputs) if self._keeps_shape(j)]
+        shapes = [attribute("ctx", f"{x}_shape") for x in kept]
         grads = [name(g) for g in self.grads]
         saved = list(backward.unpack.names) if backward.unpack else []
         backward_args = grads + [name(n) for n in saved] + shapes + [attribute("ctx", "needs_input_grad")]
         pure_backward = replace(
             pure_backward,
-            params=(*self.grads, *saved, *(f"{x.name}_shape" for j, x in enumerate(self.inputs) if self._reshapes_gradient(j)), "needs_input_grad"),
+            params=(*self.grads, *saved, *(f"{x}_shape" for x in kept), "needs_input_grad"),
             unpack=None,
         )
         tangents = [name(self.tangent_symbols[x].name) for x in self.inputs]
@@ -303,6 +307,9 @@ class _Planner:
     def print(self, expr: sympy.Expr) -> Code:
         if self.pure:
             expr = compiled_form(expr)
+        else:
+            # (a kept shape is on ctx; --fuse's pure bodies take it as a parameter)
+            expr = expr.xreplace({k: KeptShape(f"ctx.{k.name}") for k in expr.atoms(KeptShape)})
         self.helpers |= helpers_used(expr)
         return print_tree(expr, self.names)
 
@@ -375,7 +382,7 @@ class _Planner:
     def setup_context(self, saving: _Saving) -> Method:
         lines: list = []
         outputs_named = saving.outputs or saving.stats
-        reads_inputs = bool(saving.inputs) or any(self._reshapes_gradient(j) for j in range(len(self.inputs)))
+        reads_inputs = bool(saving.inputs) or any(self._keeps_shape(j) for j in range(len(self.inputs)))
         if reads_inputs:
             lines += self.unpack_inputs()
         if outputs_named:
@@ -391,7 +398,7 @@ class _Planner:
         saved += [name(self.results[i]) for i in saving.outputs] + [name(s.name) for s, _ in saving.stats]
         lines.append(Line(method("ctx", "save_for_backward", *saved)))
         for j, x in enumerate(self.inputs):
-            if self._reshapes_gradient(j):
+            if self._keeps_shape(j):
                 lines.append(Assign(f"ctx.{x.name}_shape", attribute(x.name, "shape")))
         return Method(params=("ctx", "inputs", "output"), body=tuple(lines))
 
@@ -414,6 +421,11 @@ class _Planner:
             else:
                 saved.append(name(symbol.name))
         return lines, saved
+
+    def _keeps_shape(self, j: int) -> bool:
+        """Whether setup_context keeps input j's shape on ctx: to shape its gradient, or for
+        a count backward reads (KeptShape)."""
+        return self._reshapes_gradient(j) or self.inputs[j] in self._saving.shapes
 
     def _reshapes_gradient(self, j: int) -> bool:
         """Whether input j's gradient may need summing or expanding to its shape: several
@@ -754,6 +766,26 @@ def _bottom_up(expr: sympy.Expr, rewrite) -> sympy.Expr:
     args = [_bottom_up(a, rewrite) if isinstance(a, sympy.Basic) else a for a in expr.args]
     node = expr.func(*args) if any(a is not b for a, b in zip(args, expr.args)) else expr
     return rewrite(node)
+
+
+def _shapes_kept(vjps: tuple[sympy.Expr, ...], inputs) -> tuple[tuple[sympy.Expr, ...], tuple[sympy.Symbol, ...]]:
+    """``vjps`` with each input they read only inside Counts (for a size: ``mean(x, -1)``'s
+    ``1/H``) replaced there by its kept shape, and those inputs: backward then saves the
+    shape, not the tensor."""
+    counts = [node for v in vjps for node in sympy.preorder_traversal(v) if isinstance(node, Count)]
+    outside = set().union(*(_counts_hidden(v).free_symbols for v in vjps))
+    inside = set().union(*(c.free_symbols for c in counts))
+    only = tuple(x for x in inputs if x in inside and x not in outside)
+    if not only:
+        return vjps, ()
+    kept = {x: KeptShape(f"{x.name}_shape") for x in only}
+    shaped = {c: c.xreplace(kept) for c in counts}
+    return tuple(v.xreplace(shaped) for v in vjps), only
+
+
+def _counts_hidden(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each Count a Dummy: what it reads for its values, not for sizes."""
+    return expr.xreplace({node: sympy.Dummy("count") for node in sympy.preorder_traversal(expr) if isinstance(node, Count)})
 
 
 def _outside_counts(expr: sympy.Expr, replacements: dict) -> sympy.Expr:
