@@ -216,6 +216,40 @@ def test_nondifferentiable_outputs_are_marked(module, device):
         assert output.requires_grad == (index not in meta["nondifferentiable"])
 
 
+def test_each_output_alone_gets_its_own_gradient(module, device):
+    """An output the caller leaves unused gets no gradient (None, not zeros): each live
+    output used alone gives the gradients of its own formula, first and second order."""
+    outputs_of = lambda args: as_tuple(functional(module)(*args))  # noqa: E731
+    args = sample(module, device)
+    live = [k for k, o in enumerate(outputs_of(args)) if o.requires_grad]
+    if len(live) < 2:
+        pytest.skip("one differentiable output")
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    for k in live:
+        outputs = outputs_of(args)
+        alone = torch.autograd.grad(outputs[k].sum(), tensors, allow_unused=True, create_graph=True)
+        weights = [torch.ones_like(o) if j == k else torch.zeros_like(o) for j, o in enumerate(outputs) if j in live]
+        weighted = torch.autograd.grad([outputs[j] for j in live], tensors, weights, allow_unused=True, retain_graph=True)
+        for got, want, tensor in zip(alone, weighted, tensors):
+            zeros = torch.zeros_like(tensor)
+            torch.testing.assert_close(zeros if got is None else got, zeros if want is None else want)
+        if any(g is not None and g.requires_grad for g in alone):
+            twice = sum(g.sum() for g in alone if g is not None and g.requires_grad)
+            torch.autograd.grad(twice, tensors, allow_unused=True)  # (runs with absent upstreams)
+
+
+def test_an_unused_overflowing_output_leaves_the_gradient_finite():
+    """ShapeMix = (exp(y), x*y): used only through x*y, its gradient by y is x even where
+    exp(y) overflows (a materialised zero times exp(y)'s inf derivative would be nan)."""
+    from generated.shape_mix import shape_mix
+
+    x = torch.tensor([2.0, -3.0], requires_grad=True)
+    y = torch.tensor([100.0, 1000.0], requires_grad=True)
+    grad_x, grad_y = torch.autograd.grad(shape_mix(x, y)[1].sum(), (x, y))
+    torch.testing.assert_close(grad_y, x.detach())
+    torch.testing.assert_close(grad_x, y.detach())
+
+
 def _not_inplace(module):
     if metadata_of(module)["inplace"]:
         pytest.skip("torch.func transforms do not support in-place (mark_dirty) Functions")

@@ -329,9 +329,6 @@ KNOWN_DEFECTS: dict[str, str] = {
         "float32, |x| from 1.8e19: x**2 overflows in the ratio (squares are left unguarded,"
         " rewrite.roots._GUARDED_POWER)",
     ),
-    "generated/shape_mix": "a Function with several outputs multiplies the other output's zero upstream"
-    " gradient (autograd materialises it) by that output's inf derivative: d(x*y)/dy is nan where"
-    " exp(y) overflows (plan/templates: set_materialize_grads(False) and skip the term)",
     "generated/si_lu": "float32, |x| in [88.7, 104]: torch.sigmoid (and F.silu) is 0 where it is"
     " subnormal, so x*sigmoid(x), a normal float down to x = -104, is 0",
     "generated/mish": "float32: F.mish's gradient and second derivative 0 at x = -90 (sigmoid"

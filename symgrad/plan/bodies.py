@@ -61,6 +61,11 @@ class Builder:
         # --save speed: the outputs past the user's are derivatives (derive.save_speed.with_derivatives_as_outputs).
         self.n_user = self.n_out - len(derivation.derivatives)
         self.speed = bool(derivation.derivatives)
+        # Where several outputs have gradients, one the caller leaves unused gets None, not
+        # zeros (setup_context: set_materialize_grads(False)), and its terms are skipped: a
+        # materialised zero times that output's inf derivative would be nan (d(x*y)/dy of
+        # "exp(y), x*y" where exp(y) overflows and only x*y is used). --save speed does so too.
+        self.upstream_may_be_none = self.speed or sum(self.live[: self.n_user]) > 1
         # Names claimed on first use, and per-input counts of the terms speed_backward adds.
         self.term_name: str | None = None
         self.contributions = [0] * len(self.inputs)
@@ -297,7 +302,12 @@ class Builder:
                 # x*y), and a smaller term broadcast into a sum first would be counted repeatedly.
                 shape = self.ctx_ref(self.name(symbol) + "_shape")
                 codes = [method(parens(code), "sum_to_size", shape) for code in codes]
-            branch.append(Assign(grad, sum_of(codes), self.helpers(*(e for _, e in terms))))
+            helpers = self.helpers(*(e for _, e in terms))
+            if self.upstream_may_be_none:
+                outputs = [i for (i, jj) in entries if jj == j]
+                branch += self.sum_of_present_terms(grad, outputs, codes, helpers)
+            else:
+                branch.append(Assign(grad, sum_of(codes), helpers))
             kernel = kernels[j]
             if kernel is not None and create_graph:
                 branch = [
@@ -321,11 +331,23 @@ class Builder:
         values = tuple(name(g) for g in grads) + (NONE,) * len(self.params)
         return Method(("ctx",) + self.names.grad_outputs, tuple(body), values, unpack=unpack)
 
+    def sum_of_present_terms(
+        self, grad: str, outputs: list[int], codes: list[Code], helpers: frozenset[str]
+    ) -> list[Statement]:
+        """Statements adding to ``grad`` (None until then) each term whose output got a
+        gradient: ``codes[n]`` is output ``outputs[n]``'s term."""
+        grad_outputs = [self.names.grad_outputs[i] for i in outputs]
+        term_name = self.term() if len(codes) > 1 else None
+        statements = sum_of_present(grad, list(zip(grad_outputs, codes)), term_name)[1:]  # (grad is None already)
+        return with_helpers(statements, helpers)
+
     def first_order_kernel(self, j: int) -> tuple[Code, frozenset[str]] | None:
         """The call of an ATen backward kernel (symgrad.rewrite.kernels) that computes input ``j``'s
         whole gradient, and the helpers it calls; or None (always in fused bodies:
         whole_gradient_kernel refuses --fuse)."""
         live = [i for i in range(self.n_out) if self.live[i] and self.rows[i][j] != 0]
+        if self.upstream_may_be_none:
+            return None  # (its gradient is a sum of terms that may be absent)
         terms = [(self.rows[i][j], self.outputs[i].reduction) for i in live]
         found = whole_gradient_kernel(self.p.spec, self.inputs, self.params, terms)
         if found is None:

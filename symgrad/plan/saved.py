@@ -130,6 +130,9 @@ class Saving:
         if b.speed:
             body.append(Comment("An output that gets no gradient (a derivative, outside double backward) gets None."))
             body.append(Line(method("ctx", "set_materialize_grads", False)))
+        elif b.upstream_may_be_none:
+            body.append(Comment("An output the caller leaves unused gets None, and its terms are skipped."))
+            body.append(Line(method("ctx", "set_materialize_grads", False)))
         return Method(("ctx", "inputs", "output"), tuple(body or [Pass()]))
 
     def shape_attr(self, output: int) -> str:

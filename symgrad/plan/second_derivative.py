@@ -268,7 +268,11 @@ class SecondDerivatives:
                 shape = b.ctx_ref(b.name(symbol) + "_shape")
                 terms = [method(parens(term), "sum_to_size", shape) for term in terms]
             needs = subscript("ctx.needs_input_grad", j)
-            body.append(If(needs, (Assign(grad, sum_of(terms), b.helpers(*chosen)),)))
+            if b.upstream_may_be_none:
+                outputs = [i for (i, jj) in entries if jj == j]
+                body.append(If(needs, tuple(b.sum_of_present_terms(grad, outputs, terms, b.helpers(*chosen)))))
+            else:
+                body.append(If(needs, (Assign(grad, sum_of(terms), b.helpers(*chosen)),)))
         body.append(Return(tuple(name(g) for g in b.names.grads) + (NONE,) * len(b.params)))
         return CreateGraphBranch(tuple(body))
 
