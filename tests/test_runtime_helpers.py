@@ -144,6 +144,18 @@ def test_reduced_to():
     assert h._reduced_to(tangent, ()).item() == 6.0
 
 
+def test_scatter_added_adds_in_place_and_out_of_place_where_vmap_refuses():
+    index = torch.tensor([[1], [0]])
+    fresh = torch.zeros(2, 3)
+    added = h._scatter_added(fresh, index, torch.ones(2, 1))
+    assert added is fresh and torch.equal(added, torch.tensor([[0.0, 1, 0], [1, 0, 0]]))
+    # (targets vmapped, the base shared: the in-place add raises, and nothing is written)
+    shared = torch.zeros(2, 3)
+    batched = torch.func.vmap(lambda i: h._scatter_added(shared, i, torch.ones(2, 1)))(torch.stack([index, 1 - index]))
+    assert torch.equal(shared, torch.zeros(2, 3))
+    assert torch.equal(batched[1], torch.tensor([[1.0, 0, 0], [0, 1, 0]]))
+
+
 def test_round_to():
     x, n = torch.tensor([1.0 / 3.0]), torch.tensor([2])
     assert h._round_to(None, x) is x

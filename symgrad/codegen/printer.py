@@ -32,7 +32,7 @@ from .syntax import Code, binop, call, compare, method, negate, number, parens, 
 
 from ..errors import SymgradError
 from ..math.numbers import numbers_to_floats
-from ..math.reductions import AdjointShapedAs
+from ..math.reductions import AdjointShapedAs, ScatterAdd
 from ..math.rounding import round_half_even
 from ..math.functions import (
     erfcx,
@@ -670,6 +670,7 @@ PRINTER_HELPERS: dict[type, str] = {
     log_ndtr: "_log_ndtr",
     erfcx: "_erfcx",
     AdjointShapedAs: "_reduced_to",
+    ScatterAdd: "_scatter_added",
 }
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import sympy
 
-from ..codegen.syntax import Code, attribute, binop, call, compare, method, number, parens, starred, subscript, tuple_of
+from ..codegen.syntax import Code, Parenthesized, attribute, binop, call, compare, method, number, parens, starred, subscript, tuple_of
 
 # A whole-tensor reduction's dims: every dim, and the result is 0-d.
 WHOLE = sympy.Tuple()
@@ -200,6 +200,15 @@ class Softmax(RowFunction):
         # y*(g - sum(g*y)) in ATen's one fused pass (differentiable: double backward works)
         return SoftmaxBackward(adjoint, self, self.dims, sympy.S.Zero)
 
+    def summed_in_vjp(self, adjoint: sympy.Expr) -> sympy.Expr:
+        """What the VJP sums along the dim: ``g*y``."""
+        return adjoint * self
+
+    def vjp_from_sum(self, adjoint: sympy.Expr, total: sympy.Expr) -> sympy.Expr:
+        """The VJP as its formula, given ``total``, the row sum of :meth:`summed_in_vjp`:
+        ``y*(g - total)``, with the factors that ``g`` and ``total`` share taken out."""
+        return self * sympy.factor_terms(adjoint - total)
+
     def jvp(self, tangent):
         return self * (tangent - ReduceSum(tangent * self, self.dims))
 
@@ -215,6 +224,14 @@ class LogSoftmax(Softmax):
     def vjp(self, adjoint):
         # g - softmax*sum(g) in ATen's one fused pass, from the log_softmax output
         return SoftmaxBackward(adjoint, self, self.dims, sympy.S.One)
+
+    def summed_in_vjp(self, adjoint: sympy.Expr) -> sympy.Expr:
+        """What the VJP sums along the dim: ``g``."""
+        return adjoint
+
+    def vjp_from_sum(self, adjoint: sympy.Expr, total: sympy.Expr) -> sympy.Expr:
+        """The VJP as its formula, given ``total``, the row sum of ``g``: ``g - softmax*total``."""
+        return adjoint - Softmax(*self.args) * total
 
     def jvp(self, tangent):
         return tangent - ReduceSum(Softmax(*self.args) * tangent, self.dims)
@@ -431,6 +448,36 @@ class Scatter(sympy.Function):
 
     def _sympystr(self, printer) -> str:
         return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
+
+
+class ScatterAdd(sympy.Function):
+    """``base`` plus ``a`` (one value per row) at the class ``t`` picks along the last dim:
+    a gather's gradient added to a full-size one in an in-row pass (``scatter_add``), where
+    :class:`Scatter` would write a zero tensor first and an add would read it again.
+    Args: base (of full size), a, t.
+
+    Printed as the module helper ``_scatter_added``, which adds in place: into ``base``
+    where it prints as arithmetic (a fresh tensor no other name refers to), else into a
+    clone of it."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("ScatterAdd is a backward value: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        base, values, index = self.args
+        index_code = printer._print(index)
+        expanded = method(printer._print(values), "expand", starred(attribute(index_code, "shape")), 1)
+        base_code = printer._print(base)
+        bare = base_code.value if isinstance(base_code, Parenthesized) else base_code
+        fresh = base_code if isinstance(bare, (ast.BinOp, ast.UnaryOp)) else method(base_code, "clone")
+        return call("_scatter_added", fresh, method(index_code, "unsqueeze", -1), expanded)
+
+    def _sympystr(self, printer) -> str:
+        base, values, index = self.args
+        return f"{printer._print(base)} + scatter({printer._print(values)}, {printer._print(index)})"
 
 
 class IsEqual(sympy.Function):
