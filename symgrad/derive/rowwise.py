@@ -186,10 +186,18 @@ _BACKWARD_KERNELS_BY_NAME = {cls.__name__: kernel for cls, kernel in _BACKWARD_K
 
 
 def vjp(
-    outputs: list[sympy.Expr], adjoints: list[sympy.Symbol], inputs: tuple[sympy.Symbol, ...]
+    outputs: list[sympy.Expr],
+    adjoints: list[sympy.Symbol],
+    inputs: tuple[sympy.Symbol, ...],
+    known_row_sums: bool = True,
 ) -> tuple[sympy.Expr, ...]:
     """The gradient of each input: the sum over outputs of ``adjoint * d(output)/d(input)``,
-    by reverse mode over the outputs' DAG."""
+    by reverse mode over the outputs' DAG.
+
+    ``known_row_sums``: a softmax's or log_softmax's VJP is its formula where the row sum
+    it reads simplifies (:func:`_softmax_vjp`). Without it, ATen's backward kernel always:
+    the faster form where backward reads the log_softmax forward saved (--save speed), as
+    the kernel takes it as it is and the formula needs its exp."""
     shapes = _Shapes(frozenset(inputs))
     for output, seed in zip(outputs, adjoints):
         shapes.known[seed] = shapes.of(output)  # (an upstream gradient has its output's shape)
@@ -206,7 +214,8 @@ def vjp(
         if isinstance(node, Chunk):
             continue  # (its input's gradient puts the chunks' side by side, below)
         if isinstance(node, Softmax):
-            contributions = [(node.operand, _softmax_vjp(node, upstream, row_sums))]
+            vjp_of_node = _softmax_vjp(node, upstream, row_sums) if known_row_sums else node.vjp(upstream)
+            contributions = [(node.operand, vjp_of_node)]
         elif isinstance(node, RowFunction):
             contributions = [(node.operand, node.vjp(upstream))]
         elif type(node) in _BACKWARD_KERNELS and node.args[0].free_symbols & wanted:
