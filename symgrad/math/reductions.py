@@ -456,9 +456,11 @@ class ScatterAdd(sympy.Function):
     :class:`Scatter` would write a zero tensor first and an add would read it again.
     Args: base (of full size), a, t.
 
-    Printed as the module helper ``_scatter_added``, which adds in place: into ``base``
-    where it prints as arithmetic (a fresh tensor no other name refers to), else into a
-    clone of it."""
+    Printed as the module helper ``_scatter_added``, which adds in place (the out-of-place
+    form copies the whole tensor first): into ``base`` where it prints as arithmetic, a
+    fresh tensor that no other name refers to and that autograd does not read; into the
+    output of the softmax in ``softmax*scale + shift``, which the helper scales and shifts
+    in place too; else into a clone of ``base``."""
 
     def fdiff(self, argindex=1):
         raise TypeError("ScatterAdd is a backward value: it is not differentiated symbolically")
@@ -470,14 +472,41 @@ class ScatterAdd(sympy.Function):
         base, values, index = self.args
         index_code = printer._print(index)
         expanded = method(printer._print(values), "expand", starred(attribute(index_code, "shape")), 1)
+        index_code = method(index_code, "unsqueeze", -1)
+        affine = _softmax_affine(base)
+        if affine is not None:
+            softmax, scale, shift = affine
+            terms = {"scale": scale, "shift": shift}
+            given = {key: printer._print(value) for key, value in terms.items() if value is not None}
+            return call("_scatter_added", printer._print(softmax), index_code, expanded, **given)
         base_code = printer._print(base)
         bare = base_code.value if isinstance(base_code, Parenthesized) else base_code
-        fresh = base_code if isinstance(bare, (ast.BinOp, ast.UnaryOp)) else method(base_code, "clone")
-        return call("_scatter_added", fresh, method(index_code, "unsqueeze", -1), expanded)
+        fresh = isinstance(bare, ast.BinOp) and not isinstance(bare.op, ast.Pow)  # (pow's backward reads its result)
+        fresh = fresh or (isinstance(bare, ast.UnaryOp) and isinstance(bare.op, ast.USub))
+        return call("_scatter_added", base_code if fresh else method(base_code, "clone"), index_code, expanded)
 
     def _sympystr(self, printer) -> str:
         base, values, index = self.args
         return f"{printer._print(base)} + scatter({printer._print(values)}, {printer._print(index)})"
+
+
+def _softmax_affine(base: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr | None, sympy.Expr | None] | None:
+    """``base`` as ``(softmax, scale, shift)`` where it is ``softmax*scale + shift`` (None
+    for a scale of 1 or a shift of 0) with one softmax or log_softmax node read once, else
+    None."""
+    terms = sympy.Add.make_args(base)
+    with_softmax = [t for t in terms if any(isinstance(f, Softmax) for f in sympy.Mul.make_args(t))]
+    if len(with_softmax) != 1:
+        return None
+    factors = list(sympy.Mul.make_args(with_softmax[0]))
+    softmax = next(f for f in factors if isinstance(f, Softmax))
+    factors.remove(softmax)
+    scale = sympy.Mul(*factors)
+    shift = sympy.Add(*(t for t in terms if t is not with_softmax[0]))
+    reads = sum(1 for node in sympy.preorder_traversal(base) if node == softmax)
+    if reads != 1 or (scale == 1 and shift == 0):
+        return None
+    return softmax, None if scale == 1 else scale, None if shift == 0 else shift
 
 
 class IsEqual(sympy.Function):
