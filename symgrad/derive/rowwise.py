@@ -205,9 +205,8 @@ def vjp(
     for output, seed in zip(outputs, adjoints):
         adjoint[output] = adjoint.get(output, sympy.S.Zero) + seed
     wanted = frozenset(inputs)
-    order = _topological(outputs)
-    row_sums = _RowSums(shapes, frozenset(order), frozenset(adjoints))
-    for node in order:
+    row_sums = _RowSums(shapes)
+    for node in _topological(outputs):
         if node not in adjoint or node in wanted or not (node.free_symbols & wanted):
             continue
         upstream = adjoint[node]
@@ -244,9 +243,10 @@ def _softmax_vjp(node: Softmax, upstream: sympy.Expr, row_sums: "_RowSums") -> s
 
     The kernel takes the adjoint ``g`` as a full tensor and sums it along the row. Where
     ``g`` is a gather's adjoint plus values constant along the row (cross-entropy, label
-    smoothing), or a product whose row sum forward computed (entropy's), the sum is known
-    per row: the formula is then one softmax, an elementwise pass or two and an in-row
-    scatter_add, with no zero tensor, no one-hot and no pass to sum ``g``."""
+    smoothing) the sum is known per row: the formula is then one softmax, scaled and
+    shifted, and an in-row scatter_add, with no zero tensor, no one-hot and no pass to sum
+    ``g``. Where ``g`` is a softmax times values per row (entropy's log_softmax), the
+    formula cancels to 0."""
     total = row_sums.of(node.summed_in_vjp(upstream), node.dims, node)
     if total is None:
         return node.vjp(upstream)
@@ -257,13 +257,14 @@ class _RowSums:
     """Row sums of backward values, simplified without a pass over a full tensor where the
     math allows: sums are linear, a factor constant along the row comes out, a value
     constant along it is counted, a gather's adjoint (one value per row) sums to that
-    value, a softmax to 1, and a product forward summed along the row is forward's row
-    value (which the planner saves)."""
+    value, and a softmax to 1.
 
-    def __init__(self, shapes: _Shapes, forward: frozenset, adjoints: frozenset) -> None:
+    A full-size adjoint whose row sum forward computed (entropy's ``-g*log p``, summed with
+    ``p``) is left to the kernel: it reads the adjoint and the softmax in one fused pass,
+    where the formula with the saved row value takes three elementwise ones."""
+
+    def __init__(self, shapes: _Shapes) -> None:
         self.shapes = shapes
-        self.forward = forward  # every forward node
-        self.adjoints = adjoints
 
     def of(self, expr: sympy.Expr, dims: sympy.Tuple, along: sympy.Expr) -> sympy.Expr | None:
         """``sum(expr, dims)``, with ``along`` the value summed over (of full size, for its
@@ -284,9 +285,6 @@ class _RowSums:
             return expr.args[0]  # (one nonzero per row)
         if type(expr) is Softmax and expr.dims == dims:
             return sympy.S.One
-        summed = ReduceSum(expr, dims)
-        if summed in self.forward and not expr.free_symbols & self.adjoints:
-            return summed
         return None
 
     def _constant(self, expr: sympy.Expr, dims: sympy.Tuple) -> bool:
