@@ -622,3 +622,13 @@ def test_cross_entropy_vmapped_over_the_targets_alone(modules):
     want = torch.stack([torch.func.grad(lambda x: F.cross_entropy(x, t))(x) for t in targets])
     torch.testing.assert_close(torch.func.vmap(gradient)(targets), want)
     torch.testing.assert_close(torch.func.vmap(lambda t: torch.func.grad(lambda x: alias(x, t))(x))(targets), want)
+
+
+def test_fused_entropy_backward_reads_the_saved_row_value():
+    """--fuse: softmax's VJP is its formula wherever forward computed its row sum (inductor
+    fuses the elementwise passes): entropy's backward reads sum(p*log p) as saved."""
+    source = generate_source("-sum(softmax(x, -1)*log_softmax(x, -1), -1)", "FusedEntropy", fuse=True)
+    backward = source.split("def _fused_entropy_backward(")[1].split("\ndef ")[0]
+    assert "def _fused_entropy_backward(grad_output, x, row0," in source
+    returned = backward.split("return")[-1]
+    assert "row0" in returned and "torch.sum" not in returned and "_backward_data" not in returned

@@ -33,6 +33,10 @@ from ..math.reductions import (
 )
 
 EVERY = "every"  # every dim reduced: a 0-d value
+
+# Where a softmax's VJP is its formula (vjp's row_sums): where its row sum simplifies, also
+# where it is forward's row value, or nowhere.
+KNOWN, FORWARD, KERNELS = "known", "forward", "kernels"
 Dims = Union[frozenset, str]
 
 
@@ -189,15 +193,18 @@ def vjp(
     outputs: list[sympy.Expr],
     adjoints: list[sympy.Symbol],
     inputs: tuple[sympy.Symbol, ...],
-    known_row_sums: bool = True,
+    row_sums: str = KNOWN,
 ) -> tuple[sympy.Expr, ...]:
     """The gradient of each input: the sum over outputs of ``adjoint * d(output)/d(input)``,
     by reverse mode over the outputs' DAG.
 
-    ``known_row_sums``: a softmax's or log_softmax's VJP is its formula where the row sum
-    it reads simplifies (:func:`_softmax_vjp`). Without it, ATen's backward kernel always:
-    the faster form where backward reads the log_softmax forward saved (--save speed), as
-    the kernel takes it as it is and the formula needs its exp."""
+    ``row_sums`` says where a softmax's or log_softmax's VJP is its formula, not ATen's
+    backward kernel (:func:`_softmax_vjp`): :data:`KNOWN`, where the row sum it reads
+    simplifies to values per row; :data:`FORWARD`, also where it is a row value forward
+    computed (which the planner saves: the form for compiled bodies, where inductor fuses
+    the formula's elementwise passes into one); :data:`KERNELS`, nowhere (the faster form
+    where backward reads a log_softmax forward saved, --save speed: the kernel takes it as
+    it is, where the formula needs its exp)."""
     shapes = _Shapes(frozenset(inputs))
     for output, seed in zip(outputs, adjoints):
         shapes.known[seed] = shapes.of(output)  # (an upstream gradient has its output's shape)
@@ -205,15 +212,16 @@ def vjp(
     for output, seed in zip(outputs, adjoints):
         adjoint[output] = adjoint.get(output, sympy.S.Zero) + seed
     wanted = frozenset(inputs)
-    row_sums = _RowSums(shapes)
-    for node in _topological(outputs):
+    order = _topological(outputs)
+    sums = _RowSums(shapes, frozenset(order) if row_sums == FORWARD else frozenset(), frozenset(adjoints))
+    for node in order:
         if node not in adjoint or node in wanted or not (node.free_symbols & wanted):
             continue
         upstream = adjoint[node]
         if isinstance(node, Chunk):
             continue  # (its input's gradient puts the chunks' side by side, below)
         if isinstance(node, Softmax):
-            vjp_of_node = _softmax_vjp(node, upstream, row_sums) if known_row_sums else node.vjp(upstream)
+            vjp_of_node = node.vjp(upstream) if row_sums == KERNELS else _softmax_vjp(node, upstream, sums)
             contributions = [(node.operand, vjp_of_node)]
         elif isinstance(node, RowFunction):
             contributions = [(node.operand, node.vjp(upstream))]
@@ -257,14 +265,18 @@ class _RowSums:
     """Row sums of backward values, simplified without a pass over a full tensor where the
     math allows: sums are linear, a factor constant along the row comes out, a value
     constant along it is counted, a gather's adjoint (one value per row) sums to that
-    value, and a softmax to 1.
+    value, and a softmax to 1; a product summed along the row in ``forward`` is forward's
+    row value (entropy's ``sum(p*log p)``).
 
-    A full-size adjoint whose row sum forward computed (entropy's ``-g*log p``, summed with
-    ``p``) is left to the kernel: it reads the adjoint and the softmax in one fused pass,
-    where the formula with the saved row value takes three elementwise ones."""
+    Eagerly, a full-size adjoint whose row sum forward computed (entropy's ``-g*log p``,
+    summed with ``p``) is left to the kernel (``forward`` empty): it reads the adjoint and
+    the softmax in one fused pass, where the formula with the saved row value takes three
+    elementwise ones."""
 
-    def __init__(self, shapes: _Shapes) -> None:
+    def __init__(self, shapes: _Shapes, forward: frozenset, adjoints: frozenset) -> None:
         self.shapes = shapes
+        self.forward = forward  # the forward nodes whose row sums count as known
+        self.adjoints = adjoints
 
     def of(self, expr: sympy.Expr, dims: sympy.Tuple, along: sympy.Expr) -> sympy.Expr | None:
         """``sum(expr, dims)``, with ``along`` the value summed over (of full size, for its
@@ -285,6 +297,9 @@ class _RowSums:
             return expr.args[0]  # (one nonzero per row)
         if type(expr) is Softmax and expr.dims == dims:
             return sympy.S.One
+        summed = ReduceSum(expr, dims)
+        if summed in self.forward and not expr.free_symbols & self.adjoints:
+            return summed
         return None
 
     def _constant(self, expr: sympy.Expr, dims: sympy.Tuple) -> bool:

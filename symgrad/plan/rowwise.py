@@ -40,7 +40,7 @@ from ..codegen.syntax import (
     tuple_of,
     unary,
 )
-from ..derive.rowwise import EVERY, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
+from ..derive.rowwise import EVERY, FORWARD, KERNELS, KNOWN, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
 from ..math.reductions import (
     AdjointShapedAs,
     Count,
@@ -129,12 +129,14 @@ class _Planner:
         # log_softmax forward computed (cross-entropy's log-probabilities), where backward
         # would compute it again: the fewest recomputed first, from the VJP with softmax
         # backward kernels too (they read a saved log_softmax as it is). Ties go to the
-        # first option: the VJP whose softmax row sums simplify.
+        # first option: the VJP whose softmax row sums simplify. --fuse: softmax VJPs as
+        # formulas wherever forward computed their row sums too (inductor fuses them).
         full = (False, True) if self.spec.save == "speed" else (False,)
-        forms = (True, False) if self.spec.save == "speed" else (True,)
+        first = FORWARD if self.spec.fuse else KNOWN
+        forms = (first, KERNELS) if self.spec.save == "speed" else (first,)
         options = [
             self._with_stats(raw, outputs, keep)
-            for raw in (self.raw_vjps(known_row_sums) for known_row_sums in forms)
+            for raw in (self.raw_vjps(row_sums) for row_sums in forms)
             for outputs in (False, True)
             for keep in full
         ]
@@ -142,9 +144,9 @@ class _Planner:
             return min(options, key=lambda o: (o.recomputed(), o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
         return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
 
-    def raw_vjps(self, known_row_sums: bool) -> tuple[sympy.Expr, ...]:
+    def raw_vjps(self, row_sums: str) -> tuple[sympy.Expr, ...]:
         """Each input's gradient as backward reads it, before the saved values stand in."""
-        derived = vjp(list(self.outputs), self.adjoints, self.inputs, known_row_sums)
+        derived = vjp(list(self.outputs), self.adjoints, self.inputs, row_sums)
         raw = tuple(self.adjoints_shaped_for_kernels(self.counted_by_inputs(v)) for v in derived)
         given = dict(self.p.vjps)  # --vjp: the user's whole gradients (grad_output is the adjoint)
         return tuple(given.get(x, v) for x, v in zip(self.inputs, raw))
