@@ -103,6 +103,13 @@ CASES = [
     ),
     Case("SwiGLU", "chunk(x, 2, 0)*sigmoid(chunk(x, 2, 0))*chunk(x, 2, 1)", lambda x: F.silu(x[..., :3]) * x[..., 3:]),
     Case(
+        "RowCrossEntropy",
+        "-gather(log_softmax(x, -1), t)",
+        lambda x, t: F.cross_entropy(x, t, reduction="none"),
+        params=("t",),
+        values={"t": _targets},
+    ),
+    Case(
         "TextbookEntropy",
         "-sum(exp(x)/sum(exp(x), -1)*log(exp(x)/sum(exp(x), -1)), -1)",
         lambda x: torch.distributions.Categorical(logits=x).entropy(),
@@ -596,3 +603,66 @@ def test_norm_gradient_is_zero_on_an_all_zero_row(modules):
     (want,) = torch.autograd.grad(case.reference(x).sum(), x)
     torch.testing.assert_close(grad, want)
     assert torch.isfinite(grad).all()
+
+
+def _backward_source(module) -> str:
+    import inspect
+
+    return inspect.getsource(getattr(module, f"_{module.__all__[0]}NoJvp").backward)
+
+
+@pytest.mark.parametrize("name", ["CrossEntropy", "LabelSmoothedCrossEntropy", "RowCrossEntropy"])
+def test_a_log_softmax_adjoint_of_known_row_sum_is_one_softmax_and_a_scatter_add(name, modules):
+    """A gather's adjoint plus values constant along the row sums to a value per row: the
+    VJP is one softmax of the saved logits and an in-row scatter_add, with no log_softmax
+    recomputed, no zero tensor and no backward kernel."""
+    backward = _backward_source(modules[name])
+    assert backward.count("torch.softmax(x, -1)") == 1 and "_scatter_added(" in backward
+    for absent in ("log_softmax", "zeros_like", "_backward_data"):
+        assert absent not in backward, absent
+
+
+@pytest.mark.parametrize("name", ["Entropy", "TextbookEntropy"])
+def test_entropy_backward_is_the_softmax_kernel_alone(name, modules):
+    """-sum(p*log p): log_softmax's VJP vanishes (its adjoint, -g*p, sums to -g per row),
+    and softmax's is ATen's kernel: backward saves the logits alone."""
+    module = modules[name]
+    assert module.__symgrad__["saved"] == ["x"]
+    backward = _backward_source(module)
+    assert backward.count("_softmax_backward_data") == 1 and "_log_softmax_backward_data" not in backward
+
+
+def test_softmax_adjoint_constant_along_the_row_gives_zero(tmp_path):
+    """sum(softmax(x, -1), -1) is 1 whatever x: its gradient is 0 (None, as the planner
+    returns a gradient that is 0), read from no tensor."""
+    module = _load(Case("SoftmaxSum", "sum(softmax(x, -1), -1)", lambda x: torch.softmax(x, -1).sum(-1)), tmp_path)
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(_alias(module)(x).sum(), x, allow_unused=True, materialize_grads=True)
+    assert torch.equal(grad, torch.zeros_like(x))
+    assert "softmax" not in _backward_source(module)
+
+
+def test_cross_entropy_vmapped_over_the_targets_alone(modules):
+    """The in-place scatter_add falls back to out of place where vmap batches the targets
+    but not the logits or the upstream gradient (torch.func.vjp with a shared cotangent)."""
+    alias = _alias(modules["CrossEntropy"])
+    x = torch.randn(4, 6, dtype=torch.float64)
+    targets = torch.stack([_targets(), _targets().flip(0), torch.zeros(4, dtype=torch.long)])
+
+    def gradient(t):
+        _, pullback = torch.func.vjp(lambda x: alias(x, t), x)
+        return pullback(torch.tensor(1.0, dtype=torch.float64))[0]
+
+    want = torch.stack([torch.func.grad(lambda x: F.cross_entropy(x, t))(x) for t in targets])
+    torch.testing.assert_close(torch.func.vmap(gradient)(targets), want)
+    torch.testing.assert_close(torch.func.vmap(lambda t: torch.func.grad(lambda x: alias(x, t))(x))(targets), want)
+
+
+def test_fused_entropy_backward_reads_the_saved_row_value():
+    """--fuse: softmax's VJP is its formula wherever forward computed its row sum (inductor
+    fuses the elementwise passes): entropy's backward reads sum(p*log p) as saved."""
+    source = generate_source("-sum(softmax(x, -1)*log_softmax(x, -1), -1)", "FusedEntropy", fuse=True)
+    backward = source.split("def _fused_entropy_backward(")[1].split("\ndef ")[0]
+    assert "def _fused_entropy_backward(grad_output, x, row0," in source
+    returned = backward.split("return")[-1]
+    assert "row0" in returned and "torch.sum" not in returned and "_backward_data" not in returned

@@ -153,6 +153,34 @@ def test_gather_last_checks_the_index_shape():
             h._gather_last(values, wrong)
 
 
+def test_scatter_added_adds_in_place_and_out_of_place_where_vmap_refuses():
+    index = torch.tensor([[1], [0]])
+    fresh = torch.zeros(2, 3)
+    added = h._scatter_added(fresh, index, torch.ones(2, 1))
+    assert added is fresh and torch.equal(added, torch.tensor([[0.0, 1, 0], [1, 0, 0]]))
+    # (targets vmapped, the base shared: the in-place add raises, and nothing is written)
+    shared = torch.zeros(2, 3)
+    batched = torch.func.vmap(lambda i: h._scatter_added(shared, i, torch.ones(2, 1)))(torch.stack([index, 1 - index]))
+    assert torch.equal(shared, torch.zeros(2, 3))
+    assert torch.equal(batched[1], torch.tensor([[1.0, 0, 0], [0, 1, 0]]))
+
+
+def test_scatter_added_scales_and_shifts_in_place_but_not_what_autograd_reads():
+    index, values = torch.tensor([[2], [0]]), torch.ones(2, 1)
+    want = torch.tensor([[1.0, 1, 2], [2, 1, 1]])
+    base = torch.ones(2, 3)
+    with torch.no_grad():  # (as first-order backward runs)
+        added = h._scatter_added(base, index, values, scale=torch.tensor(2.0), shift=-1)
+    assert added is base and torch.equal(added, want)
+    # (under grad mode the softmax's output is what its backward reads: left as it is)
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    softmax = torch.softmax(x, -1)
+    kept = softmax.detach().clone()
+    added = h._scatter_added(softmax, index, values.double(), scale=2.0)
+    assert torch.equal(softmax, kept) and torch.allclose(added, 2 * kept + torch.tensor([[0.0, 0, 1], [1, 0, 0]]))
+    added.sum().backward()
+
+
 def test_round_to():
     x, n = torch.tensor([1.0 / 3.0]), torch.tensor([2])
     assert h._round_to(None, x) is x

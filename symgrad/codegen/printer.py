@@ -32,7 +32,7 @@ from .syntax import Code, binop, call, compare, method, negate, number, parens, 
 
 from ..errors import SymgradError
 from ..math.numbers import numbers_to_floats
-from ..math.reductions import AdjointShapedAs, Gather
+from ..math.reductions import AdjointShapedAs, Gather, ScatterAdd
 from ..math.rounding import round_half_even
 from ..math.functions import (
     erfcx,
@@ -671,6 +671,7 @@ PRINTER_HELPERS: dict[type, str] = {
     erfcx: "_erfcx",
     AdjointShapedAs: "_reduced_to",
     Gather: "_gather_last",
+    ScatterAdd: "_scatter_added",
 }
 
 

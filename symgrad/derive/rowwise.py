@@ -18,9 +18,25 @@ from typing import Union
 
 import sympy
 
-from ..math.reductions import Chunk, ChunkCat, Count, Gather, ReduceSum, RowFunction, Scatter, WHOLE, dims_tuple
+from ..math.reductions import (
+    Chunk,
+    ChunkCat,
+    Count,
+    Gather,
+    ReduceSum,
+    RowFunction,
+    Scatter,
+    ScatterAdd,
+    Softmax,
+    WHOLE,
+    dims_tuple,
+)
 
 EVERY = "every"  # every dim reduced: a 0-d value
+
+# Where a softmax's VJP is its formula (vjp's row_sums): where its row sum simplifies, also
+# where it is forward's row value, or nowhere.
+KNOWN, FORWARD, KERNELS = "known", "forward", "kernels"
 Dims = Union[frozenset, str]
 
 
@@ -41,7 +57,7 @@ class _Shapes:
     def of(self, expr: sympy.Basic) -> Dims:
         if expr in self.known:
             return self.known[expr]
-        if expr in self.inputs or isinstance(expr, Scatter):
+        if expr in self.inputs or isinstance(expr, (Scatter, ScatterAdd)):
             found: Dims = frozenset()
         elif isinstance(expr, RowFunction):
             operand = self.of(expr.operand)
@@ -174,10 +190,21 @@ _BACKWARD_KERNELS_BY_NAME = {cls.__name__: kernel for cls, kernel in _BACKWARD_K
 
 
 def vjp(
-    outputs: list[sympy.Expr], adjoints: list[sympy.Symbol], inputs: tuple[sympy.Symbol, ...]
+    outputs: list[sympy.Expr],
+    adjoints: list[sympy.Symbol],
+    inputs: tuple[sympy.Symbol, ...],
+    row_sums: str = KNOWN,
 ) -> tuple[sympy.Expr, ...]:
     """The gradient of each input: the sum over outputs of ``adjoint * d(output)/d(input)``,
-    by reverse mode over the outputs' DAG."""
+    by reverse mode over the outputs' DAG.
+
+    ``row_sums`` says where a softmax's or log_softmax's VJP is its formula, not ATen's
+    backward kernel (:func:`_softmax_vjp`): :data:`KNOWN`, where the row sum it reads
+    simplifies to values per row; :data:`FORWARD`, also where it is a row value forward
+    computed (which the planner saves: the form for compiled bodies, where inductor fuses
+    the formula's elementwise passes into one); :data:`KERNELS`, nowhere (the faster form
+    where backward reads a log_softmax forward saved, --save speed: the kernel takes it as
+    it is, where the formula needs its exp)."""
     shapes = _Shapes(frozenset(inputs))
     for output, seed in zip(outputs, adjoints):
         shapes.known[seed] = shapes.of(output)  # (an upstream gradient has its output's shape)
@@ -185,13 +212,18 @@ def vjp(
     for output, seed in zip(outputs, adjoints):
         adjoint[output] = adjoint.get(output, sympy.S.Zero) + seed
     wanted = frozenset(inputs)
-    for node in _topological(outputs):
+    order = _topological(outputs)
+    sums = _RowSums(shapes, frozenset(order) if row_sums == FORWARD else frozenset(), frozenset(adjoints))
+    for node in order:
         if node not in adjoint or node in wanted or not (node.free_symbols & wanted):
             continue
         upstream = adjoint[node]
         if isinstance(node, Chunk):
             continue  # (its input's gradient puts the chunks' side by side, below)
-        if isinstance(node, RowFunction):
+        if isinstance(node, Softmax):
+            vjp_of_node = node.vjp(upstream) if row_sums == KERNELS else _softmax_vjp(node, upstream, sums)
+            contributions = [(node.operand, vjp_of_node)]
+        elif isinstance(node, RowFunction):
             contributions = [(node.operand, node.vjp(upstream))]
         elif type(node) in _BACKWARD_KERNELS and node.args[0].free_symbols & wanted:
             # upstream * f'(u) in one ATen pass (silu_backward, softplus_backward, ...)
@@ -209,7 +241,94 @@ def vjp(
             pieces = [adjoint.get(Chunk(node.operand, node.count, k), sympy.S.Zero) for k in range(node.count)]
             if node.index == next(k for k, p in enumerate(pieces) if p != 0):  # (once per input)
                 adjoint[node.operand] = adjoint.get(node.operand, sympy.S.Zero) + ChunkCat(*pieces)
-    return tuple(adjoint.get(x, sympy.S.Zero) for x in inputs)
+    gradients = (adjoint.get(x, sympy.S.Zero) for x in inputs)
+    return tuple(_scatters_added(g, shapes) for g in gradients)
+
+
+def _softmax_vjp(node: Softmax, upstream: sympy.Expr, row_sums: "_RowSums") -> sympy.Expr:
+    """A softmax's or log_softmax's VJP: its formula where the row sum it reads simplifies
+    (:class:`_RowSums`), else ATen's backward kernel.
+
+    The kernel takes the adjoint ``g`` as a full tensor and sums it along the row. Where
+    ``g`` is a gather's adjoint plus values constant along the row (cross-entropy, label
+    smoothing) the sum is known per row: the formula is then one softmax, scaled and
+    shifted, and an in-row scatter_add, with no zero tensor, no one-hot and no pass to sum
+    ``g``. Where ``g`` is a softmax times values per row (entropy's log_softmax), the
+    formula cancels to 0."""
+    total = row_sums.of(node.summed_in_vjp(upstream), node.dims, node)
+    if total is None:
+        return node.vjp(upstream)
+    return node.vjp_from_sum(upstream, total)
+
+
+class _RowSums:
+    """Row sums of backward values, simplified without a pass over a full tensor where the
+    math allows: sums are linear, a factor constant along the row comes out, a value
+    constant along it is counted, a gather's adjoint (one value per row) sums to that
+    value, and a softmax to 1; a product summed along the row in ``forward`` is forward's
+    row value (entropy's ``sum(p*log p)``).
+
+    Eagerly, a full-size adjoint whose row sum forward computed (entropy's ``-g*log p``,
+    summed with ``p``) is left to the kernel (``forward`` empty): it reads the adjoint and
+    the softmax in one fused pass, where the formula with the saved row value takes three
+    elementwise ones."""
+
+    def __init__(self, shapes: _Shapes, forward: frozenset, adjoints: frozenset) -> None:
+        self.shapes = shapes
+        self.forward = forward  # the forward nodes whose row sums count as known
+        self.adjoints = adjoints
+
+    def of(self, expr: sympy.Expr, dims: sympy.Tuple, along: sympy.Expr) -> sympy.Expr | None:
+        """``sum(expr, dims)``, with ``along`` the value summed over (of full size, for its
+        count), or None where it needs a pass over a full tensor backward computes."""
+        if expr == 0:
+            return sympy.S.Zero
+        if self._constant(expr, dims):
+            return expr * Count(along, dims)
+        if expr.is_Add:
+            terms = [self.of(term, dims, along) for term in expr.args]
+            return None if any(t is None for t in terms) else sympy.Add(*terms)
+        if expr.is_Mul:
+            constant = [f for f in expr.args if self._constant(f, dims)]
+            if constant:
+                varying = self.of(sympy.Mul(*(f for f in expr.args if f not in constant)), dims, along)
+                return None if varying is None else sympy.Mul(*constant) * varying
+        if isinstance(expr, Scatter) and tuple(dims) == (-1,):
+            return expr.args[0]  # (one nonzero per row)
+        if type(expr) is Softmax and expr.dims == dims:
+            return sympy.S.One
+        summed = ReduceSum(expr, dims)
+        if summed in self.forward and not expr.free_symbols & self.adjoints:
+            return summed
+        return None
+
+    def _constant(self, expr: sympy.Expr, dims: sympy.Tuple) -> bool:
+        found = self.shapes.of(expr)
+        return found == EVERY or {int(d) for d in dims} <= found
+
+
+def _scatters_added(gradient: sympy.Expr, shapes: _Shapes) -> sympy.Expr:
+    """``gradient`` with each sum of gathers' adjoints and a full-size value written as
+    one ScatterAdd per class index: ``base.scatter_add(...)``, one in-row pass where the
+    zero tensor of each Scatter and the add would be two full ones. Only where there is
+    one input tensor, whose shape every full-size value then has (with several, the sum
+    may have another one that broadcasting makes)."""
+    if len(shapes.inputs) != 1:
+        return gradient
+
+    def added(node: sympy.Expr) -> sympy.Expr:
+        if not node.is_Add:
+            return node
+        scatters = [t for t in node.args if isinstance(t, Scatter)]
+        base = sympy.Add(*(t for t in node.args if not isinstance(t, Scatter)))
+        if not scatters or base == 0 or shapes.of(base) != frozenset():
+            return node
+        for index in sorted({s.args[1] for s in scatters}, key=str):
+            values = sympy.Add(*(s.args[0] for s in scatters if s.args[1] == index))
+            base = ScatterAdd(base, values, index)
+        return base
+
+    return gradient.replace(lambda e: e.is_Add, added)
 
 
 def _summed_to(value: sympy.Expr, node: sympy.Expr, operand: Dims, shapes: _Shapes) -> sympy.Expr:

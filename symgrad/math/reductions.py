@@ -21,6 +21,7 @@ import sympy
 
 from ..codegen.syntax import (
     Code,
+    Parenthesized,
     attribute,
     binop,
     call,
@@ -213,6 +214,15 @@ class Softmax(RowFunction):
         # y*(g - sum(g*y)) in ATen's one fused pass (differentiable: double backward works)
         return SoftmaxBackward(adjoint, self, self.dims, sympy.S.Zero)
 
+    def summed_in_vjp(self, adjoint: sympy.Expr) -> sympy.Expr:
+        """What the VJP sums along the dim: ``g*y``."""
+        return adjoint * self
+
+    def vjp_from_sum(self, adjoint: sympy.Expr, total: sympy.Expr) -> sympy.Expr:
+        """The VJP as its formula, given ``total``, the row sum of :meth:`summed_in_vjp`:
+        ``y*(g - total)``, with the factors that ``g`` and ``total`` share taken out."""
+        return self * sympy.factor_terms(adjoint - total)
+
     def jvp(self, tangent):
         return self * (tangent - ReduceSum(tangent * self, self.dims))
 
@@ -228,6 +238,14 @@ class LogSoftmax(Softmax):
     def vjp(self, adjoint):
         # g - softmax*sum(g) in ATen's one fused pass, from the log_softmax output
         return SoftmaxBackward(adjoint, self, self.dims, sympy.S.One)
+
+    def summed_in_vjp(self, adjoint: sympy.Expr) -> sympy.Expr:
+        """What the VJP sums along the dim: ``g``."""
+        return adjoint
+
+    def vjp_from_sum(self, adjoint: sympy.Expr, total: sympy.Expr) -> sympy.Expr:
+        """The VJP as its formula, given ``total``, the row sum of ``g``: ``g - softmax*total``."""
+        return adjoint - Softmax(*self.args) * total
 
     def jvp(self, tangent):
         return tangent - ReduceSum(Softmax(*self.args) * tangent, self.dims)
@@ -461,6 +479,65 @@ class Scatter(sympy.Function):
 
     def _sympystr(self, printer) -> str:
         return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
+
+
+class ScatterAdd(sympy.Function):
+    """``base`` plus ``a`` (one value per row) at the class ``t`` picks along the last dim:
+    a gather's gradient added to a full-size one in an in-row pass (``scatter_add``), where
+    :class:`Scatter` would write a zero tensor first and an add would read it again.
+    Args: base (of full size), a, t.
+
+    Printed as the module helper ``_scatter_added``, which adds in place (the out-of-place
+    form copies the whole tensor first): into ``base`` where it prints as arithmetic, a
+    fresh tensor that no other name refers to and that autograd does not read; into the
+    output of the softmax in ``softmax*scale + shift``, which the helper scales and shifts
+    in place too; else into a clone of ``base``."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("ScatterAdd is a backward value: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        base, values, index = self.args
+        index_code = printer._print(index)
+        expanded = method(printer._print(values), "expand", starred(attribute(index_code, "shape")), 1)
+        index_code = method(index_code, "unsqueeze", -1)
+        affine = _softmax_affine(base)
+        if affine is not None:
+            softmax, scale, shift = affine
+            terms = {"scale": scale, "shift": shift}
+            given = {key: printer._print(value) for key, value in terms.items() if value is not None}
+            return call("_scatter_added", printer._print(softmax), index_code, expanded, **given)
+        base_code = printer._print(base)
+        bare = base_code.value if isinstance(base_code, Parenthesized) else base_code
+        fresh = isinstance(bare, ast.BinOp) and not isinstance(bare.op, ast.Pow)  # (pow's backward reads its result)
+        fresh = fresh or (isinstance(bare, ast.UnaryOp) and isinstance(bare.op, ast.USub))
+        return call("_scatter_added", base_code if fresh else method(base_code, "clone"), index_code, expanded)
+
+    def _sympystr(self, printer) -> str:
+        base, values, index = self.args
+        return f"{printer._print(base)} + scatter({printer._print(values)}, {printer._print(index)})"
+
+
+def _softmax_affine(base: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr | None, sympy.Expr | None] | None:
+    """``base`` as ``(softmax, scale, shift)`` where it is ``softmax*scale + shift`` (None
+    for a scale of 1 or a shift of 0) with one softmax or log_softmax node read once, else
+    None."""
+    terms = sympy.Add.make_args(base)
+    with_softmax = [t for t in terms if any(isinstance(f, Softmax) for f in sympy.Mul.make_args(t))]
+    if len(with_softmax) != 1:
+        return None
+    factors = list(sympy.Mul.make_args(with_softmax[0]))
+    softmax = next(f for f in factors if isinstance(f, Softmax))
+    factors.remove(softmax)
+    scale = sympy.Mul(*factors)
+    shift = sympy.Add(*(t for t in terms if t is not with_softmax[0]))
+    reads = sum(1 for node in sympy.preorder_traversal(base) if node == softmax)
+    if reads != 1 or (scale == 1 and shift == 0):
+        return None
+    return softmax, None if scale == 1 else scale, None if shift == 0 else shift
 
 
 class IsEqual(sympy.Function):

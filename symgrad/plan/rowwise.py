@@ -40,7 +40,7 @@ from ..codegen.syntax import (
     tuple_of,
     unary,
 )
-from ..derive.rowwise import EVERY, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
+from ..derive.rowwise import EVERY, FORWARD, KERNELS, KNOWN, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
 from ..math.reductions import (
     AdjointShapedAs,
     Count,
@@ -127,18 +127,31 @@ class _Planner:
     # -- what backward saves ------------------------------------------------------------
 
     def saving(self) -> _Saving:
-        raw = tuple(self.counted_by_inputs(v) for v in vjp(list(self.outputs), self.adjoints, self.inputs))
-        raw = tuple(self.adjoints_shaped_for_kernels(v) for v in raw)
-        given = dict(self.p.vjps)  # --vjp: the user's whole gradients (grad_output is the adjoint)
-        raw = tuple(given.get(x, v) for x, v in zip(self.inputs, raw))
         # --save memory: the fewest full-size tensors. --save speed: also a softmax or
         # log_softmax forward computed (cross-entropy's log-probabilities), where backward
-        # would compute it again: the fewest recomputed first.
+        # would compute it again: the fewest recomputed first, from the VJP with softmax
+        # backward kernels too (they read a saved log_softmax as it is). Ties go to the
+        # first option: the VJP whose softmax row sums simplify. --fuse: softmax VJPs as
+        # formulas wherever forward computed their row sums too (inductor fuses them).
         full = (False, True) if self.spec.save == "speed" else (False,)
-        options = [self._with_stats(raw, outputs, keep) for outputs in (False, True) for keep in full]
+        first = FORWARD if self.spec.fuse else KNOWN
+        forms = (first, KERNELS) if self.spec.save == "speed" else (first,)
+        options = [
+            self._with_stats(raw, outputs, keep)
+            for raw in (self.raw_vjps(row_sums) for row_sums in forms)
+            for outputs in (False, True)
+            for keep in full
+        ]
         if self.spec.save == "speed":
             return min(options, key=lambda o: (o.recomputed(), o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
         return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
+
+    def raw_vjps(self, row_sums: str) -> tuple[sympy.Expr, ...]:
+        """Each input's gradient as backward reads it, before the saved values stand in."""
+        derived = vjp(list(self.outputs), self.adjoints, self.inputs, row_sums)
+        raw = tuple(self.adjoints_shaped_for_kernels(self.counted_by_inputs(v)) for v in derived)
+        given = dict(self.p.vjps)  # --vjp: the user's whole gradients (grad_output is the adjoint)
+        return tuple(given.get(x, v) for x, v in zip(self.inputs, raw))
 
     def adjoints_shaped_for_kernels(self, expr: sympy.Expr) -> sympy.Expr:
         """``expr`` with the adjoint of each softmax backward kernel made the softmax's shape

@@ -146,6 +146,34 @@ def _reduced_to(tangent, shape):
     return tangent.expand(torch.broadcast_shapes(tangent.shape, shape)).sum_to_size(shape)
 
 
+# A gather's gradient added to a full-size one, base*scale + shift (a softmax's output,
+# scaled and shifted by values per row, in cross-entropy's VJP): written in base, since each
+# out-of-place step allocates and writes a whole new tensor (about a third of
+# cross-entropy's backward on a CPU). Where autograd records the steps (create_graph), base
+# is what the softmax's backward reads: the first step then runs out of place. vmap refuses
+# an in-place op whose other arguments are batched where the tensor it writes is not
+# (targets vmapped, logits and upstream gradient shared): that step too runs out of place,
+# raising before anything is written.
+def _scatter_added(base, index, values, scale=None, shift=None):
+    """``base*scale + shift`` (each where given) plus ``values`` at ``index`` along the last dim, in place in ``base`` (the caller's own) where autograd and vmap allow."""
+    owned = (scale is None and shift is None) or not torch.is_grad_enabled()
+    if scale is not None:
+        try:
+            base = base.mul_(scale) if owned else base * scale
+        except RuntimeError:
+            base = base * scale
+        owned = True
+    if shift is not None:
+        try:
+            base = base.add_(shift)
+        except RuntimeError:
+            base = base + shift
+    try:
+        return base.scatter_add_(-1, index, values)
+    except RuntimeError:
+        return base.scatter_add(-1, index, values)
+
+
 def _round_to(half, *values):
     """``values`` (one or a tuple), floating tensors rounded to ``half`` unless it is None."""
     if half is not None:
