@@ -50,6 +50,7 @@ from ..math.reductions import (
     Reduction,
     ReduceMean,
     ReduceSum,
+    Scatter,
     Softmax,
     SoftmaxBackward,
     WHOLE,
@@ -162,6 +163,14 @@ class _Planner:
                     # softmax(u) is exp(log_softmax(u)): backward reads the output
                     replacements[Softmax(*f.args)] = sympy.exp(self.result_symbols[i])
         vjps = tuple(v.xreplace(replacements) for v in raw)
+        forward = self.outputs
+        if self.spec.fuse:
+            # --fuse's bodies compute softmax through the row's logsumexp (compiled_form):
+            # that row value is then one forward computes anyway, which backward reads
+            # saved (or as the output, where the output is the logsumexp) instead of
+            # recomputing it, two more passes over the input.
+            vjps = tuple(compiled_form(v, through_logsumexp=True).xreplace(replacements) for v in vjps)
+            forward = tuple(compiled_form(f, through_logsumexp=True) for f in self.outputs)
         stats: dict[sympy.Expr, sympy.Symbol] = {}
         if self.norm is not None:
             # The kernel's row values stand for their formulas wherever the VJP has them.
@@ -172,7 +181,7 @@ class _Planner:
         for v in vjps:
             for node in sympy.preorder_traversal(v):
                 kept = isinstance(node, Reduction) or (full and isinstance(node, Softmax))
-                if kept and node.free_symbols & set(self.inputs) and _in_forward(node, self.outputs):
+                if kept and node.free_symbols & set(self.inputs) and _in_forward(node, forward):
                     if not (node.free_symbols & set(self.adjoints)):
                         label = type(node).torch_name if isinstance(node, Softmax) else "row"
                         taken = sum(1 for symbol in stats.values() if symbol.name.startswith(label))
@@ -340,8 +349,11 @@ class _Planner:
         params = tuple(s.name for s in self.inputs + self.params)
         if self.norm is not None:
             return self.norm_forward(params)
-        exprs = list(self.outputs) + [node for _, node in saving.stats]
-        statements, reduced = self.cse(exprs, "t")
+        outputs = list(self.outputs)
+        if self.pure and any(isinstance(node, _LSE) for _, node in saving.stats):
+            # (the row logsumexp that backward reads, CSE'd with the outputs' own)
+            outputs = [compiled_form(f, through_logsumexp=True) for f in outputs]
+        statements, reduced = self.cse(outputs + [node for _, node in saving.stats], "t")
         values = [self.squeezed(e, self.reduced[i]) if i < len(self.outputs) else self.print(e) for i, e in enumerate(reduced)]
         for i, e in enumerate(reduced):
             if e in self.inputs or e in reduced[:i]:
@@ -674,22 +686,53 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
     return None
 
 
-def compiled_form(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` as --fuse's bodies print it: softmax, log_softmax and their backward kernels,
-    and ATen's activation backward kernels, as their formulas (through the row's
-    logsumexp), which inductor fuses with the rest of the body; a kernel call it would run
-    as it is, one pass of its own."""
+def compiled_form(expr: sympy.Expr, through_logsumexp: bool = False) -> sympy.Expr:
+    """``expr`` as --fuse's bodies print it: the softmax backward kernels and ATen's
+    activation backward kernels as their formulas, which inductor fuses with the rest of the
+    body (a kernel call it would run as it is, one pass of its own).
+
+    Softmax and log_softmax stay torch's functions, which inductor decomposes itself into
+    one loop over each row (max, sum and output while the row is in cache). With
+    ``through_logsumexp`` they are written through the row's logsumexp instead,
+    ``exp(u - logsumexp(u))`` and ``u - logsumexp(u)``: the form in which backward can
+    read that row value saved from forward; inductor's CPU code runs a logsumexp of its own
+    as two loops over all rows, not one per row, so it pays only where it is shared."""
 
     def formula(node: sympy.Expr) -> sympy.Expr:
         if isinstance(node, SoftmaxBackward):
             return node.formula()
-        if type(node) is LogSoftmax:
+        if through_logsumexp and type(node) is LogSoftmax:
             return node.operand - _LSE(node.operand, node.dims)
-        if type(node) is Softmax:
+        if through_logsumexp and type(node) is Softmax:
             return sympy.exp(node.operand - _LSE(node.operand, node.dims))
         return node
 
-    return _bottom_up(formula_of_kernels(expr), formula)
+    written = _bottom_up(formula_of_kernels(expr), formula)
+    # (last: a sum of a Scatter along its row, which the formulas above may build, is its values)
+    return written.replace(lambda e: isinstance(e, Scatter), lambda e: _OneHot(*e.args))
+
+
+class _OneHot(sympy.Function):
+    """A gather's gradient as --fuse's bodies print it: ``where(class == t, a, 0)``, one
+    elementwise value that inductor computes inside the loop that reads it. (Scatter's
+    ``zeros_like(x).scatter(...)`` is a tensor inductor writes out in full, and reads back.)
+    Args as Scatter's: a, t and the tensor whose shape it has."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("_OneHot is a backward value: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        values, index, like = self.args
+        anchor = printer._print(sorted(like.free_symbols, key=str)[0])
+        classes = call("torch.arange", subscript(attribute(anchor, "shape"), -1), device=attribute(anchor, "device"))
+        picked = compare(classes, "==", method(printer._print(index), "unsqueeze", -1))
+        return call("torch.where", picked, printer._print(values), 0)
+
+    def _sympystr(self, printer) -> str:
+        return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
 
 
 def stabilised(expr: sympy.Expr) -> sympy.Expr:
