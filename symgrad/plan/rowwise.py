@@ -35,6 +35,7 @@ from ..codegen.syntax import (
     method,
     name,
     number,
+    parens,
     string,
     subscript,
     tuple_of,
@@ -709,7 +710,8 @@ def compiled_form(expr: sympy.Expr, through_logsumexp: bool = False) -> sympy.Ex
 
     written = _bottom_up(formula_of_kernels(expr), formula)
     # (last: a sum of a Scatter along its row, which the formulas above may build, is its values)
-    return written.replace(lambda e: isinstance(e, Scatter), lambda e: _OneHot(*e.args))
+    written = written.replace(lambda e: isinstance(e, Scatter), lambda e: _OneHot(*e.args))
+    return written.replace(_is_odd_half_power, lambda e: _RootPower(e.base, 2 * e.exp))
 
 
 class _OneHot(sympy.Function):
@@ -733,6 +735,32 @@ class _OneHot(sympy.Function):
 
     def _sympystr(self, printer) -> str:
         return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
+
+
+def _is_odd_half_power(node: sympy.Basic) -> bool:
+    """``b**(n/2)`` for an odd n other than 1 and -1 (cosine similarity's ``(a*b)**-1.5``)."""
+    return node.is_Pow and node.exp.is_Rational and node.exp.q == 2 and abs(node.exp.p) > 1
+
+
+class _RootPower(sympy.Function):
+    """``b**(n/2)`` for an odd n as --fuse's bodies print it, ``rsqrt(b)**3`` for n = -3: a
+    square root and multiplications. Inductor's CPU code computes a fractional power as a
+    scalar ``std::pow`` for every element, even of a per-row value (a third of cosine
+    similarity's backward). Args: b and n."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("_RootPower is a printed form: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        base, twice = self.args
+        root = call("torch.rsqrt" if twice < 0 else "torch.sqrt", printer._print(base))
+        return parens(binop(root, "**", number(abs(int(twice)))))
+
+    def _sympystr(self, printer) -> str:
+        return printer._print(sympy.Pow(self.args[0], self.args[1] / 2))
 
 
 def stabilised(expr: sympy.Expr) -> sympy.Expr:
