@@ -312,7 +312,9 @@ class _Planner:
 
     def print(self, expr: sympy.Expr) -> Code:
         if self.pure:
-            expr = compiled_form(expr)
+            expr = compiled_call(compiled_form(expr))
+            if expr.has(_OnePassLogSumExp):
+                self.helpers |= {"_logsumexp"}
         self.helpers |= helpers_used(expr)
         return print_tree(expr, self.names)
 
@@ -692,17 +694,16 @@ def compiled_form(expr: sympy.Expr, through_logsumexp: bool = False) -> sympy.Ex
     activation backward kernels as their formulas, which inductor fuses with the rest of the
     body (a kernel call it would run as it is, one pass of its own).
 
-    Softmax and log_softmax stay torch's functions, which inductor decomposes itself into
-    one loop over each row (max, sum and output while the row is in cache). With
-    ``through_logsumexp`` they are written through the row's logsumexp instead,
-    ``exp(u - logsumexp(u))`` and ``u - logsumexp(u)``: the form in which backward can
-    read that row value saved from forward; inductor's CPU code runs a logsumexp of its own
-    as two loops over all rows, not one per row, so it pays only where it is shared."""
+    log_softmax is ``u - logsumexp(u)``, whose logsumexp the bodies compute in one pass
+    where they can (:func:`compiled_call`). Softmax stays torch's function, which inductor
+    decomposes itself into one loop over each row (max, sum and output while the row is in
+    cache); with ``through_logsumexp`` it is ``exp(u - logsumexp(u))``, the form in which
+    backward can read that row value saved from forward."""
 
     def formula(node: sympy.Expr) -> sympy.Expr:
         if isinstance(node, SoftmaxBackward):
             return node.formula()
-        if through_logsumexp and type(node) is LogSoftmax:
+        if type(node) is LogSoftmax:
             return node.operand - _LSE(node.operand, node.dims)
         if through_logsumexp and type(node) is Softmax:
             return sympy.exp(node.operand - _LSE(node.operand, node.dims))
@@ -735,6 +736,29 @@ class _OneHot(sympy.Function):
 
     def _sympystr(self, printer) -> str:
         return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
+
+
+def compiled_call(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` (a compiled_form) with each logsumexp along dims the module's ``_logsumexp``,
+    which takes one pass over the row where no sum overflows (runtime.helpers)."""
+    return expr.replace(lambda e: isinstance(e, _LSE) and bool(e.dims), lambda e: _OnePassLogSumExp(*e.args))
+
+
+class _OnePassLogSumExp(sympy.Function):
+    """logsumexp(e, dims) printed as the module's ``_logsumexp(e, dims)``. Args as LogSumExp's."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("_OnePassLogSumExp is a printed form: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        operand, dims = self.args
+        return call("_logsumexp", printer._print(operand), dims_code(dims))
+
+    def _sympystr(self, printer) -> str:
+        return printer._print(_LSE(*self.args))
 
 
 def _is_odd_half_power(node: sympy.Basic) -> bool:
