@@ -170,8 +170,8 @@ class _Planner:
             # that row value is then one forward computes anyway, which backward reads
             # saved (or as the output, where the output is the logsumexp) instead of
             # recomputing it, two more passes over the input.
-            vjps = tuple(compiled_form(v, through_logsumexp=True).xreplace(replacements) for v in vjps)
-            forward = tuple(compiled_form(f, through_logsumexp=True) for f in self.outputs)
+            vjps = tuple(compiled_form(v).xreplace(replacements) for v in vjps)
+            forward = tuple(compiled_form(f) for f in self.outputs)
         stats: dict[sympy.Expr, sympy.Symbol] = {}
         if self.norm is not None:
             # The kernel's row values stand for their formulas wherever the VJP has them.
@@ -352,10 +352,9 @@ class _Planner:
         params = tuple(s.name for s in self.inputs + self.params)
         if self.norm is not None:
             return self.norm_forward(params)
-        outputs = list(self.outputs)
-        if self.pure and any(isinstance(node, _LSE) for _, node in saving.stats):
-            # (the row logsumexp that backward reads, CSE'd with the outputs' own)
-            outputs = [compiled_form(f, through_logsumexp=True) for f in outputs]
+        # (--fuse: CSE'd in the form printed, so that a row logsumexp that backward reads
+        # is the outputs' own)
+        outputs = [compiled_form(f) for f in self.outputs] if self.pure else list(self.outputs)
         statements, reduced = self.cse(outputs + [node for _, node in saving.stats], "t")
         values = [self.squeezed(e, self.reduced[i]) if i < len(self.outputs) else self.print(e) for i, e in enumerate(reduced)]
         for i, e in enumerate(reduced):
@@ -689,23 +688,20 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
     return None
 
 
-def compiled_form(expr: sympy.Expr, through_logsumexp: bool = False) -> sympy.Expr:
-    """``expr`` as --fuse's bodies print it: the softmax backward kernels and ATen's
-    activation backward kernels as their formulas, which inductor fuses with the rest of the
-    body (a kernel call it would run as it is, one pass of its own).
-
-    log_softmax is ``u - logsumexp(u)``, whose logsumexp the bodies compute in one pass
-    where they can (:func:`compiled_call`). Softmax stays torch's function, which inductor
-    decomposes itself into one loop over each row (max, sum and output while the row is in
-    cache); with ``through_logsumexp`` it is ``exp(u - logsumexp(u))``, the form in which
-    backward can read that row value saved from forward."""
+def compiled_form(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` as --fuse's bodies print it: softmax, log_softmax and their backward kernels,
+    and ATen's activation backward kernels, as their formulas (through the row's
+    logsumexp), which inductor fuses with the rest of the body; a kernel call it would run
+    as it is, one pass of its own. The row's logsumexp is then a value that backward can
+    read saved from forward, and one the bodies compute in one pass where they can
+    (:func:`compiled_call`)."""
 
     def formula(node: sympy.Expr) -> sympy.Expr:
         if isinstance(node, SoftmaxBackward):
             return node.formula()
         if type(node) is LogSoftmax:
             return node.operand - _LSE(node.operand, node.dims)
-        if through_logsumexp and type(node) is Softmax:
+        if type(node) is Softmax:
             return sympy.exp(node.operand - _LSE(node.operand, node.dims))
         return node
 
