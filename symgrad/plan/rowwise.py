@@ -170,8 +170,8 @@ class _Planner:
             # that row value is then one forward computes anyway, which backward reads
             # saved (or as the output, where the output is the logsumexp) instead of
             # recomputing it, two more passes over the input.
-            vjps = tuple(compiled_form(v).xreplace(replacements) for v in vjps)
-            forward = tuple(compiled_form(f) for f in self.outputs)
+            vjps = tuple(through_logsumexp(v).xreplace(replacements) for v in vjps)
+            forward = tuple(through_logsumexp(f) for f in self.outputs)
         stats: dict[sympy.Expr, sympy.Symbol] = {}
         if self.norm is not None:
             # The kernel's row values stand for their formulas wherever the VJP has them.
@@ -689,26 +689,57 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
 
 
 def compiled_form(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` as --fuse's bodies print it: softmax, log_softmax and their backward kernels,
-    and ATen's activation backward kernels, as their formulas (through the row's
+    """``expr`` as --fuse's bodies compute it: softmax, log_softmax and their backward
+    kernels, and ATen's activation backward kernels, as their formulas (through the row's
     logsumexp), which inductor fuses with the rest of the body; a kernel call it would run
-    as it is, one pass of its own. The row's logsumexp is then a value that backward can
-    read saved from forward, and one the bodies compute in one pass where they can
-    (:func:`compiled_call`)."""
+    as it is, one pass of its own."""
 
     def formula(node: sympy.Expr) -> sympy.Expr:
-        if isinstance(node, SoftmaxBackward):
-            return node.formula()
+        return node.formula() if isinstance(node, SoftmaxBackward) else node
+
+    return through_logsumexp(_bottom_up(formula_of_kernels(expr), formula))
+
+
+def through_logsumexp(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with softmax ``exp(u - logsumexp(u))`` and log_softmax ``u - logsumexp(u)``:
+    the row's logsumexp is then a value that backward can read saved from forward, and one
+    that --fuse's bodies compute in one pass where they can (:func:`compiled_call`)."""
+
+    def written(node: sympy.Expr) -> sympy.Expr:
         if type(node) is LogSoftmax:
             return node.operand - _LSE(node.operand, node.dims)
         if type(node) is Softmax:
             return sympy.exp(node.operand - _LSE(node.operand, node.dims))
         return node
 
-    written = _bottom_up(formula_of_kernels(expr), formula)
-    # (last: a sum of a Scatter along its row, which the formulas above may build, is its values)
-    written = written.replace(lambda e: isinstance(e, Scatter), lambda e: _OneHot(*e.args))
-    return written.replace(_is_odd_half_power, lambda e: _RootPower(e.base, 2 * e.exp))
+    return _bottom_up(expr, written)
+
+
+def compiled_call(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` (a compiled_form) with the calls --fuse's bodies print for inductor: each
+    logsumexp along dims the module's ``_logsumexp`` (one pass over the row where no sum
+    overflows: runtime.helpers), a gather's gradient a one-hot (_OneHot), and an odd half
+    power a square root's (_RootPower)."""
+    expr = expr.replace(lambda e: isinstance(e, _LSE) and bool(e.dims), lambda e: _OnePassLogSumExp(*e.args))
+    expr = expr.replace(lambda e: isinstance(e, Scatter), lambda e: _OneHot(*e.args))
+    return expr.replace(_is_odd_half_power, lambda e: _RootPower(e.base, 2 * e.exp))
+
+
+class _OnePassLogSumExp(sympy.Function):
+    """logsumexp(e, dims) printed as the module's ``_logsumexp(e, dims)``. Args as LogSumExp's."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("_OnePassLogSumExp is a printed form: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        operand, dims = self.args
+        return call("_logsumexp", printer._print(operand), dims_code(dims))
+
+    def _sympystr(self, printer) -> str:
+        return printer._print(_LSE(*self.args))
 
 
 class _OneHot(sympy.Function):
@@ -733,28 +764,6 @@ class _OneHot(sympy.Function):
     def _sympystr(self, printer) -> str:
         return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
 
-
-def compiled_call(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` (a compiled_form) with each logsumexp along dims the module's ``_logsumexp``,
-    which takes one pass over the row where no sum overflows (runtime.helpers)."""
-    return expr.replace(lambda e: isinstance(e, _LSE) and bool(e.dims), lambda e: _OnePassLogSumExp(*e.args))
-
-
-class _OnePassLogSumExp(sympy.Function):
-    """logsumexp(e, dims) printed as the module's ``_logsumexp(e, dims)``. Args as LogSumExp's."""
-
-    def fdiff(self, argindex=1):
-        raise TypeError("_OnePassLogSumExp is a printed form: it is not differentiated symbolically")
-
-    def _eval_is_extended_real(self):
-        return True
-
-    def _symgrad_torch(self, printer) -> Code:
-        operand, dims = self.args
-        return call("_logsumexp", printer._print(operand), dims_code(dims))
-
-    def _sympystr(self, printer) -> str:
-        return printer._print(_LSE(*self.args))
 
 
 def _is_odd_half_power(node: sympy.Basic) -> bool:
