@@ -718,8 +718,11 @@ def through_logsumexp(expr: sympy.Expr) -> sympy.Expr:
 def compiled_call(expr: sympy.Expr) -> sympy.Expr:
     """``expr`` (a compiled_form) with the calls --fuse's bodies print for inductor: each
     logsumexp along dims the module's ``_logsumexp`` (one pass over the row where no sum
-    overflows: runtime.helpers), a gather's gradient a one-hot (_OneHot), and an odd half
-    power a square root's (_RootPower)."""
+    overflows: runtime.helpers), a gather's gradient a one-hot (_OneHot), an odd half
+    power a square root's (_RootPower), and silu ``u*sigmoid(u)``: inductor computes a
+    body's sigmoid once for both (SwiGLU's backward has each), where F.silu is an exp of
+    its own."""
+    expr = expr.replace(lambda e: isinstance(e, silu), lambda e: e.args[0] * sigmoid(e.args[0]))
     expr = expr.replace(lambda e: isinstance(e, _LSE) and bool(e.dims), lambda e: _OnePassLogSumExp(*e.args))
     expr = expr.replace(lambda e: isinstance(e, Scatter), lambda e: _OneHot(*e.args))
     return expr.replace(_is_odd_half_power, lambda e: _RootPower(e.base, 2 * e.exp))
