@@ -370,6 +370,33 @@ def test_fused_bodies_are_exact_at_any_logit_scale(name, fused_modules):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=() if n == "CrossEntropy" else pytest.mark.slow)
+        for n in ("CrossEntropy", "LabelSmoothedCrossEntropy", "LogSumExp", "Entropy", "TextbookEntropy")
+    ],
+)
+def test_fused_modules_save_one_full_tensor_plus_row_values(name, fused_modules):
+    """--fuse's backward reads the row's logsumexp saved from forward (or the output, where
+    that is the logsumexp): still one full tensor, and one value per row beside it."""
+    case = next(c for c in CASES if c.name == name)
+    tensors, params = _args(case)
+    full, rows = tensors[0].numel(), tensors[0].numel() // tensors[0].shape[-1]
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _alias(fused_modules[name])(*tensors, *params)
+    given = {p.data_ptr() for p in params if isinstance(p, torch.Tensor)}
+    computed = [t for t in saved if t.numel() < full and t.data_ptr() not in given]
+    assert sum(1 for t in saved if t.numel() >= full) <= case.saved_full
+    assert len(computed) == 1 and computed[0].numel() == rows, [t.shape for t in saved]
+
 # -- forward values against an independent mpmath evaluation ---------------------------------
 
 
