@@ -365,6 +365,58 @@ def test_fused_modules_keep_the_contract(case, fused_modules):
     )
 
 
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=() if n == "CrossEntropy" else pytest.mark.slow)
+        for n in ("Softmax", "LogSoftmax", "LogSumExp", "CrossEntropy", "LabelSmoothedCrossEntropy", "TextbookEntropy")
+    ],
+)
+def test_fused_bodies_are_exact_at_any_logit_scale(name, fused_modules):
+    """--fuse's compiled bodies (softmax through torch's kernel, the saved row logsumexp,
+    the one-hot gradient of a gather) stay finite and equal to torch's own at logits of 1e4."""
+    case = next(c for c in CASES if c.name == name)
+    tensors, params = _args(case, dtype=torch.float32)
+    scaled = [(1e4 * t.detach()).requires_grad_() for t in tensors]
+    module = fused_modules[name]
+    got = _alias(module)(*scaled, *params)
+    torch.testing.assert_close(got, case.reference(*scaled, *params), rtol=1e-5, atol=1e-3)
+    upstream = torch.rand_like(got) + 0.5
+    mine = torch.autograd.grad(got, scaled, upstream)
+    theirs = torch.autograd.grad(case.reference(*scaled, *params), scaled, upstream)
+    assert module._COMPILED, "no body ran compiled"
+    for a, b in zip(mine, theirs):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=() if n == "CrossEntropy" else pytest.mark.slow)
+        for n in ("CrossEntropy", "LabelSmoothedCrossEntropy", "LogSumExp", "Entropy", "TextbookEntropy")
+    ],
+)
+def test_fused_modules_save_one_full_tensor_plus_row_values(name, fused_modules):
+    """--fuse's backward reads the row's logsumexp saved from forward (or the output, where
+    that is the logsumexp): still one full tensor, and one value per row beside it."""
+    case = next(c for c in CASES if c.name == name)
+    tensors, params = _args(case)
+    full, rows = tensors[0].numel(), tensors[0].numel() // tensors[0].shape[-1]
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _alias(fused_modules[name])(*tensors, *params)
+    given = {p.data_ptr() for p in params if isinstance(p, torch.Tensor)}
+    computed = [t for t in saved if t.numel() < full and t.data_ptr() not in given]
+    assert sum(1 for t in saved if t.numel() >= full) <= case.saved_full
+    assert len(computed) == 1 and computed[0].numel() == rows, [t.shape for t in saved]
+
 # -- forward values against an independent mpmath evaluation ---------------------------------
 
 

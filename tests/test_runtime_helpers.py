@@ -188,3 +188,22 @@ def test_round_to():
     rounded, kept = h._round_to(torch.float16, x, n)
     assert rounded.dtype == torch.float16 and kept is n
     assert h._round_to(torch.float16, 2.0) == 2.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_logsumexp_is_torchs_eager_and_compiled_at_any_scale(dtype):
+    """_logsumexp keeps torch.logsumexp's values where the one-pass sum is taken (moderate
+    rows), where it is not (logits of 1e4 overflow it, rows all near -200 underflow it), and
+    for a dtype that never takes it."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 33, dtype=torch.float64)
+    compiled = torch.compile(h._logsumexp, fullgraph=True)
+    for values in (x, 1e4 * x, x - 200, x - 30, x + 60):
+        u = values.to(dtype)
+        want = torch.logsumexp(u, -1, keepdim=True)
+        assert torch.equal(h._logsumexp(u, -1), want)  # (eager: torch's own)
+        got = compiled(u, -1)
+        assert got.dtype == dtype and torch.isfinite(got).all()
+        rtol = {torch.float32: 2e-6, torch.float64: 1e-14, torch.bfloat16: 1e-2}[dtype]
+        torch.testing.assert_close(got, want, rtol=rtol, atol=0)
+    torch.testing.assert_close(compiled(x, (0, 1)), torch.logsumexp(x, (0, 1), keepdim=True))

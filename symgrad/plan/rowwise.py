@@ -35,6 +35,7 @@ from ..codegen.syntax import (
     method,
     name,
     number,
+    parens,
     string,
     subscript,
     tuple_of,
@@ -51,6 +52,7 @@ from ..math.reductions import (
     Reduction,
     ReduceMean,
     ReduceSum,
+    Scatter,
     Softmax,
     SoftmaxBackward,
     WHOLE,
@@ -177,6 +179,14 @@ class _Planner:
                     # softmax(u) is exp(log_softmax(u)): backward reads the output
                     replacements[Softmax(*f.args)] = sympy.exp(self.result_symbols[i])
         vjps = tuple(v.xreplace(replacements) for v in raw)
+        forward = self.outputs
+        if self.spec.fuse:
+            # --fuse's bodies compute softmax through the row's logsumexp (compiled_form):
+            # that row value is then one forward computes anyway, which backward reads
+            # saved (or as the output, where the output is the logsumexp) instead of
+            # recomputing it, two more passes over the input.
+            vjps = tuple(through_logsumexp(v).xreplace(replacements) for v in vjps)
+            forward = tuple(through_logsumexp(f) for f in self.outputs)
         stats: dict[sympy.Expr, sympy.Symbol] = {}
         if self.norm is not None:
             # The kernel's row values stand for their formulas wherever the VJP has them.
@@ -187,7 +197,7 @@ class _Planner:
         for v in vjps:
             for node in sympy.preorder_traversal(v):
                 kept = isinstance(node, Reduction) or (full and isinstance(node, Softmax))
-                if kept and node.free_symbols & set(self.inputs) and _in_forward(node, self.outputs):
+                if kept and node.free_symbols & set(self.inputs) and _in_forward(node, forward):
                     if not (node.free_symbols & set(self.adjoints)):
                         label = type(node).torch_name if isinstance(node, Softmax) else "row"
                         taken = sum(1 for symbol in stats.values() if symbol.name.startswith(label))
@@ -319,7 +329,9 @@ class _Planner:
 
     def print(self, expr: sympy.Expr) -> Code:
         if self.pure:
-            expr = compiled_form(expr)
+            expr = compiled_call(compiled_form(expr))
+            if expr.has(_OnePassLogSumExp):
+                self.helpers |= {"_logsumexp"}
         else:
             # (a kept shape is on ctx; --fuse's pure bodies take it as a parameter)
             expr = expr.xreplace({k: KeptShape(f"ctx.{k.name}") for k in expr.atoms(KeptShape)})
@@ -360,8 +372,10 @@ class _Planner:
         params = tuple(s.name for s in self.inputs + self.params)
         if self.norm is not None:
             return self.norm_forward(params)
-        exprs = list(self.outputs) + [node for _, node in saving.stats]
-        statements, reduced = self.cse(exprs, "t")
+        # (--fuse: CSE'd in the form printed, so that a row logsumexp that backward reads
+        # is the outputs' own)
+        outputs = [compiled_form(f) for f in self.outputs] if self.pure else list(self.outputs)
+        statements, reduced = self.cse(outputs + [node for _, node in saving.stats], "t")
         values = [self.squeezed(e, self.reduced[i]) if i < len(self.outputs) else self.print(e) for i, e in enumerate(reduced)]
         for i, e in enumerate(reduced):
             if e in self.inputs or e in reduced[:i]:
@@ -700,21 +714,110 @@ def _kernel_backward(planner: _Planner, saving: _Saving):
 
 
 def compiled_form(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` as --fuse's bodies print it: softmax, log_softmax and their backward kernels,
-    and ATen's activation backward kernels, as their formulas (through the row's
+    """``expr`` as --fuse's bodies compute it: softmax, log_softmax and their backward
+    kernels, and ATen's activation backward kernels, as their formulas (through the row's
     logsumexp), which inductor fuses with the rest of the body; a kernel call it would run
     as it is, one pass of its own."""
 
     def formula(node: sympy.Expr) -> sympy.Expr:
-        if isinstance(node, SoftmaxBackward):
-            return node.formula()
+        return node.formula() if isinstance(node, SoftmaxBackward) else node
+
+    return through_logsumexp(_bottom_up(formula_of_kernels(expr), formula))
+
+
+def through_logsumexp(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with softmax ``exp(u - logsumexp(u))`` and log_softmax ``u - logsumexp(u)``:
+    the row's logsumexp is then a value that backward can read saved from forward, and one
+    that --fuse's bodies compute in one pass where they can (:func:`compiled_call`)."""
+
+    def written(node: sympy.Expr) -> sympy.Expr:
         if type(node) is LogSoftmax:
             return node.operand - _LSE(node.operand, node.dims)
         if type(node) is Softmax:
             return sympy.exp(node.operand - _LSE(node.operand, node.dims))
         return node
 
-    return _bottom_up(formula_of_kernels(expr), formula)
+    return _bottom_up(expr, written)
+
+
+def compiled_call(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` (a compiled_form) with the calls --fuse's bodies print for inductor: each
+    logsumexp along dims the module's ``_logsumexp`` (one pass over the row where no sum
+    overflows: runtime.helpers), a gather's gradient a one-hot (_OneHot), an odd half
+    power a square root's (_RootPower), and silu ``u*sigmoid(u)``: inductor computes a
+    body's sigmoid once for both (SwiGLU's backward has each), where F.silu is an exp of
+    its own."""
+    expr = expr.replace(lambda e: isinstance(e, silu), lambda e: e.args[0] * sigmoid(e.args[0]))
+    expr = expr.replace(lambda e: isinstance(e, _LSE) and bool(e.dims), lambda e: _OnePassLogSumExp(*e.args))
+    expr = expr.replace(lambda e: isinstance(e, Scatter), lambda e: _OneHot(*e.args))
+    return expr.replace(_is_odd_half_power, lambda e: _RootPower(e.base, 2 * e.exp))
+
+
+class _OnePassLogSumExp(sympy.Function):
+    """logsumexp(e, dims) printed as the module's ``_logsumexp(e, dims)``. Args as LogSumExp's."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("_OnePassLogSumExp is a printed form: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        operand, dims = self.args
+        return call("_logsumexp", printer._print(operand), dims_code(dims))
+
+    def _sympystr(self, printer) -> str:
+        return printer._print(_LSE(*self.args))
+
+
+class _OneHot(sympy.Function):
+    """A gather's gradient as --fuse's bodies print it: ``where(class == t, a, 0)``, one
+    elementwise value that inductor computes inside the loop that reads it. (Scatter's
+    ``zeros_like(x).scatter(...)`` is a tensor inductor writes out in full, and reads back.)
+    Args as Scatter's: a, t and the tensor whose shape it has."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("_OneHot is a backward value: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        values, index, like = self.args
+        anchor = printer._print(sorted(like.free_symbols, key=str)[0])
+        classes = call("torch.arange", subscript(attribute(anchor, "shape"), -1), device=attribute(anchor, "device"))
+        picked = compare(classes, "==", method(printer._print(index), "unsqueeze", -1))
+        return call("torch.where", picked, printer._print(values), 0)
+
+    def _sympystr(self, printer) -> str:
+        return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
+
+
+
+def _is_odd_half_power(node: sympy.Basic) -> bool:
+    """``b**(n/2)`` for an odd n other than 1 and -1 (cosine similarity's ``(a*b)**-1.5``)."""
+    return node.is_Pow and node.exp.is_Rational and node.exp.q == 2 and abs(node.exp.p) > 1
+
+
+class _RootPower(sympy.Function):
+    """``b**(n/2)`` for an odd n as --fuse's bodies print it, ``rsqrt(b)**3`` for n = -3: a
+    square root and multiplications. Inductor's CPU code computes a fractional power as a
+    scalar ``std::pow`` for every element, even of a per-row value (a third of cosine
+    similarity's backward). Args: b and n."""
+
+    def fdiff(self, argindex=1):
+        raise TypeError("_RootPower is a printed form: it is not differentiated symbolically")
+
+    def _eval_is_extended_real(self):
+        return True
+
+    def _symgrad_torch(self, printer) -> Code:
+        base, twice = self.args
+        root = call("torch.rsqrt" if twice < 0 else "torch.sqrt", printer._print(base))
+        return parens(binop(root, "**", number(abs(int(twice)))))
+
+    def _sympystr(self, printer) -> str:
+        return printer._print(sympy.Pow(self.args[0], self.args[1] / 2))
 
 
 def stabilised(expr: sympy.Expr) -> sympy.Expr:

@@ -179,3 +179,26 @@ def _round_to(half, *values):
     if half is not None:
         values = tuple(v.to(half) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values)
     return values[0] if len(values) == 1 else values
+
+
+# torch.logsumexp is max-shifted: inductor's CPU code runs its max and its sum as two loops
+# over all rows, reading the input twice, where the textbook log(sum(exp(u))) reads it once
+# (torch 2.13's one-pass "online softmax" is for Triton only). Unshifted, the sum is exact
+# wherever it lies in [2**-60, 2**100]: no exp overflows, and the terms that underflow (even
+# flushed to zero) change it by less than 2**-126 each, below float32's resolution of a sum
+# of 2**-60 for rows of up to 2**40 elements. So under torch.compile, float32 and float64 CPU tensors take the one-pass
+# sum, and the max-shifted kernel only where some row's sum leaves that range (logits of 1e4,
+# or all very negative). torch.cond keeps that choice inside one compiled graph; on a GPU its
+# predicate would cost a device sync, and Triton's kernel is one pass already. Eager mode,
+# other dtypes and devices, and a graph autograd records (create_graph) run torch.logsumexp.
+def _logsumexp(u, dim):
+    """torch.logsumexp(u, dim, keepdim=True); under torch.compile, in one pass where it can."""
+    recorded = torch.is_grad_enabled() and u.requires_grad
+    one_pass = u.device.type == "cpu" and u.dtype in (torch.float32, torch.float64) and not recorded
+    if not (one_pass and torch.compiler.is_compiling()):
+        return torch.logsumexp(u, dim, keepdim=True)
+    total = torch.sum(torch.exp(u), dim, keepdim=True)
+    moderate = ((total >= 2.0**-60) & (total <= 2.0**100)).all()
+    return torch.cond(
+        moderate, lambda total, u: torch.log(total), lambda total, u: torch.logsumexp(u, dim, keepdim=True), (total, u)
+    )
