@@ -131,8 +131,7 @@ def generated_target(name: str) -> Target:
 
 
 def generated_targets() -> list[Target]:
-    # (the elementwise ones: a row-wise module's range is each row's, not yet probed here;
-    # tests/test_rowwise.py holds them exact at logits of 1e4)
+    # (the elementwise ones: tests/test_range_rowwise.py probes the row-wise ones)
     from conftest import generated_names
 
     return [generated_target(name) for name in generated_names()]

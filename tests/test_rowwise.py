@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rowwise_reference import mp_eval
 from symgrad.api import generate_source
 from symgrad.errors import SymgradError
 from symgrad.naming import snake_case
@@ -422,58 +423,6 @@ def test_fused_modules_save_one_full_tensor_plus_row_values(name, fused_modules)
 # -- forward values against an independent mpmath evaluation ---------------------------------
 
 
-def _mp_eval(expr, env):
-    """``expr`` (the parsed formula, before any rewrite) at numpy object arrays of mpmath
-    numbers: reductions by numpy over exact mpmath values, every other node through its
-    SymPy definition lambdified to mpmath. Independent of symgrad's printer and rewrites."""
-    import mpmath
-    import numpy as np
-    import sympy
-
-    from symgrad.math import reductions as r
-
-    def ev(node):
-        if node in env:
-            return env[node]
-        if node.is_Number or node in (sympy.pi, sympy.E):
-            return mpmath.mpf(sympy.N(node, 40))
-        if isinstance(node, r.RowFunction):
-            value = ev(node.operand)
-            if isinstance(node, r.Gather):
-                index = env[node.index].astype(int)[..., None]
-                return np.take_along_axis(value, index, axis=-1)
-            if isinstance(node, r.Chunk):
-                return np.split(value, node.count, axis=-1)[node.index]
-            axes = tuple(int(d) for d in node.dims) if node.args[1] else None
-            keep = axes is not None
-            exp = np.vectorize(mpmath.exp, otypes=[object])
-            log = np.vectorize(mpmath.log, otypes=[object])
-            total = lambda v: np.sum(v, axis=axes, keepdims=keep)  # noqa: E731
-            if isinstance(node, r.ReduceSum):
-                return total(value)
-            if isinstance(node, r.ReduceMean):
-                return total(value) / (value.size if axes is None else np.prod([value.shape[a] for a in axes]))
-            if isinstance(node, r.ReduceMax):
-                return np.max(value, axis=axes, keepdims=keep)
-            if isinstance(node, r.ReduceMin):
-                return np.min(value, axis=axes, keepdims=keep)
-            if isinstance(node, r.LogSumExp):
-                return log(total(exp(value)))
-            if isinstance(node, r.Norm):
-                return np.vectorize(mpmath.sqrt, otypes=[object])(total(value * value))
-            if isinstance(node, r.LogSoftmax):
-                return value - log(total(exp(value)))
-            if isinstance(node, r.Softmax):
-                return exp(value) / total(exp(value))
-            raise AssertionError(type(node))
-        args = [ev(a) for a in node.args]
-        dummies = sympy.symbols(f"a0:{len(args)}", real=True)
-        scalar = sympy.lambdify(dummies, node.func(*dummies), "mpmath")
-        return np.vectorize(scalar, otypes=[object])(*np.broadcast_arrays(*[np.asarray(a, dtype=object) for a in args]))
-
-    return ev(expr)
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_values_match_mpmath(case, modules):
     import mpmath
@@ -498,7 +447,7 @@ def test_values_match_mpmath(case, modules):
                 env[symbol] = np.array(flat, dtype=object).reshape(tuple(value.shape))
             else:
                 env[symbol] = mpmath.mpf(value)
-        exact = _mp_eval(formula, env)
+        exact = mp_eval(formula, env)
         want = torch.tensor(np.vectorize(float)(np.asarray(exact, dtype=object)).astype(float), dtype=torch.float64)
     got = _alias(modules[case.name])(*tensors, *params)
     torch.testing.assert_close(got, want.reshape(got.shape), rtol=1e-12, atol=1e-13)

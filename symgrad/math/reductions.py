@@ -117,6 +117,13 @@ class Reduction(RowFunction):
             return operand.args[0]  # (one nonzero per row)
         return None
 
+    def _eval_is_nonnegative(self):
+        # A sum or mean of squares is: sqrt(sum(x**2)*sum(y**2)) then splits into
+        # sqrt(sum(x**2))*sqrt(sum(y**2)), whose factors do not overflow where the product would.
+        if isinstance(self, (ReduceSum, ReduceMean)):
+            return self.operand.is_nonnegative
+        return None
+
 
 class ReduceSum(Reduction):
     torch_name = "sum"
