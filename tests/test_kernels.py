@@ -133,7 +133,7 @@ def _module(expr: str, name: str, **options) -> dict:
     [
         ("x/(1+exp(-x))", "silu_backward", 1),
         ("log(1+exp(x))", "softplus_backward", 1),
-        ("1/(1+exp(-x))", "softplus_backward", 2),  # sigmoid(x), then sigmoid(-x)
+        ("1/(1+exp(-x))", "sigmoid_backward", 1),  # of sigmoid(-|x|)
         ("tanh(x)", "softplus_backward", 2),
         ("x*tanh(log(1+exp(x)))", "mish_backward", 1),
     ],
