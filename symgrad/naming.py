@@ -53,9 +53,11 @@ SHADOWED = frozenset(
         "set",
         "staticmethod",
         "tuple",
+        "type",
         "Exception",
         "NotImplementedError",
         "RuntimeError",
+        "ValueError",
     }
 )
 
