@@ -671,3 +671,51 @@ def test_fused_entropy_backward_reads_the_saved_row_value():
     body = backward.split("return")[-1]
     after_recompute = backward.split("t0 = ")[-1]
     assert "row1" in body and "torch.sum" not in after_recompute and "_backward_data" not in after_recompute
+
+
+def _generated(expr: str, name: str, tmp_path, **options):
+    source = generate_source(expr, name, **options)
+    path = tmp_path / f"rowwise_{name.lower()}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return _alias(module)
+
+
+@pytest.mark.parametrize("x_shape", [(6,), (1, 6)])
+def test_a_tensor_param_may_broadcast_the_gathered_value_beyond_the_input(x_shape, tmp_path):
+    """log_softmax(x, -1) + b with x of shape (H,) and b of (B, H): the scatter-added
+    gradient is broadcast to the index's rows before the class values are added."""
+    function = _generated("mean(-gather(log_softmax(x, -1) + b, t))", "ShiftedCE", tmp_path, inputs=("x",), params=("t", "b"))
+    t, b = _targets(), torch.randn(4, 6, dtype=torch.float64)
+    x = torch.randn(x_shape, dtype=torch.float64, requires_grad=True)
+    want = -(torch.log_softmax(x, -1) + b).gather(-1, t[:, None]).mean()
+    torch.testing.assert_close(torch.autograd.grad(function(x, t, b), x)[0], torch.autograd.grad(want, x)[0])
+    assert torch.autograd.gradcheck(lambda v: function(v, t, b), (x,))
+    assert torch.autograd.gradgradcheck(lambda v: function(v, t, b), (x,))
+
+
+def test_terms_of_different_shapes_are_summed_to_the_input_each_on_its_own(tmp_path):
+    """x*y - mean(x, -1) with x of shape (B, 1): the mean's term is one value per row and must
+    not be broadcast along y's row before it is summed to x's shape."""
+    function = _generated("x*y - mean(x, -1)", "RowTerms", tmp_path, inputs=("x", "y"))
+    for x_shape in [(3, 1), (3, 4)]:
+        x = torch.randn(x_shape, dtype=torch.float64, requires_grad=True)
+        y = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(function, (x, y))
+        assert torch.autograd.gradgradcheck(function, (x, y))
+
+
+def test_class_values_take_the_gradient_dtype(tmp_path):
+    """A float32 weight param beside bfloat16 logits: the scatter-added class values take the
+    gradient's dtype (scatter_add refuses mixed dtypes)."""
+    function = _generated("mean(-w*gather(log_softmax(x, -1), t))", "WeightedCE", tmp_path, inputs=("x",), params=("t", "w"))
+    x = torch.randn(4, 6, requires_grad=True)
+    w, t = torch.rand(4, 1), _targets()
+    (want,) = torch.autograd.grad(function(x, t, w), x)
+    low = x.detach().bfloat16().requires_grad_()
+    (got,) = torch.autograd.grad(function(low, t, w), low)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-3)

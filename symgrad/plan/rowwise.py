@@ -63,6 +63,7 @@ from ..math.functions import sigmoid, silu
 from ..naming import snake_case
 from ..errors import SymgradError
 from .assemble import _with_helpers
+from .code import sum_of
 from .ir import Assign, Comment, Fused, If, Line, Method, Plan, Raise, Return, Unpack, render_statements
 from .operations import eager_operations
 
@@ -514,8 +515,11 @@ class _Planner:
 
     def gradients(self, vjps: list[sympy.Expr], saving: _Saving) -> tuple[list, list[Code], frozenset[str]]:
         """The statements and the returned gradients (shaped to their inputs) of ``vjps``."""
-        statements, reduced = self.cse(vjps, "t")
-        values = [self.print(e) for e in reduced]
+        groups = [self.shape_groups(v) if self.broadcasts else [v] for v in vjps]
+        statements, reduced = self.cse([g for parts in groups for g in parts], "t")
+        printed = iter(self.print(e) for e in reduced)
+        parts_of = [[next(printed) for _ in parts] for parts in groups]
+        values = [parts[0] for parts in parts_of]
         final: list[Code] = []
         helpers: frozenset[str] = frozenset()
         tensors = set(self.inputs) | set(self.adjoints) | set(self.result_symbols) | {s for s, _ in saving.stats}
@@ -529,7 +533,8 @@ class _Planner:
             if saving.vjps[j] == 0:
                 final.append(NONE)
             elif self.broadcasts:
-                final.append(call("_reduced_to", value, shape))
+                shaped = [call("_reduced_to", part, shape) for part in [value, *parts_of[j][1:]]]
+                final.append(sum_of(shaped))
                 helpers = frozenset({"_reduced_to"})
             elif dims == EVERY or dims:
                 final.append(method(value, "expand", shape))
@@ -537,6 +542,22 @@ class _Planner:
                 final.append(value)
         final += [NONE] * len(self.params)
         return statements, final, helpers
+
+    def shape_groups(self, gradient: sympy.Expr) -> list[sympy.Expr]:
+        """``gradient``'s terms, summed in groups of one shape (the same reduced dims): each
+        group is then summed to the input's shape on its own. Summed together first, a term
+        with a reduced dim would be broadcast along it and counted once per element there
+        (``x*y - mean(x, -1)`` with x of shape (B, 1): the mean's term, a value per row,
+        added to the (B, H) one, was summed H times)."""
+        if not gradient.is_Add:
+            return [gradient]
+        groups: dict = {}
+        for term in gradient.args:
+            groups.setdefault(self.value_dims(term), []).append(term)
+        if len(groups) == 1:
+            return [gradient]
+        ordered = sorted(groups.items(), key=lambda item: (item[0] == EVERY, sorted(item[0]) if item[0] != EVERY else []))
+        return [sympy.Add(*terms) for _, terms in ordered]
 
     def jvp(self) -> tuple[Method, tuple[str, ...]]:
         if self.p.vjps:

@@ -153,9 +153,14 @@ def _reduced_to(tangent, shape):
 # is what the softmax's backward reads: the first step then runs out of place. vmap refuses
 # an in-place op whose other arguments are batched where the tensor it writes is not
 # (targets vmapped, logits and upstream gradient shared): that step too runs out of place,
-# raising before anything is written.
+# raising before anything is written. A tensor param can broadcast the gather's operand
+# beyond base (log_softmax(x, -1) + b, with x of shape (H,) and b of (B, H)): base is then
+# broadcast to the index's rows first; and the values take base's dtype, as += would.
 def _scatter_added(base, index, values, scale=None, shift=None):
     """``base*scale + shift`` (each where given) plus ``values`` at ``index`` along the last dim, in place in ``base`` (the caller's own) where autograd and vmap allow."""
+    rows = torch.broadcast_shapes(base.shape[:-1], index.shape[:-1])
+    if base.shape[:-1] != rows:
+        base = base.expand(*rows, base.shape[-1]).clone()
     owned = (scale is None and shift is None) or not torch.is_grad_enabled()
     if scale is not None:
         try:
@@ -168,6 +173,7 @@ def _scatter_added(base, index, values, scale=None, shift=None):
             base = base.add_(shift)
         except RuntimeError:
             base = base + shift
+    values = values.to(base.dtype)
     try:
         return base.scatter_add_(-1, index, values)
     except RuntimeError:
