@@ -719,3 +719,20 @@ def test_class_values_take_the_gradient_dtype(tmp_path):
     (got,) = torch.autograd.grad(function(low, t, w), low)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-3)
+
+
+def test_a_param_taken_per_row_is_refused_where_it_varies_along_the_row(tmp_path):
+    """sum(log_softmax(x, -1)*m, -1): the softmax's row sum takes m as one value per row (no
+    pass over the row); a mask of x's shape would make that gradient wrong, so it is refused
+    in one line, and as an input it is right."""
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    as_param = _generated("sum(log_softmax(x, -1)*m, -1)", "MaskedRows", tmp_path, inputs=("x",), params=("m",))
+    for m in (0.3, torch.rand(3, 1, dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64)):
+        (got,) = torch.autograd.grad(as_param(x, m).sum(), x)
+        (want,) = torch.autograd.grad((torch.log_softmax(x, -1) * m).sum(), x)
+        torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match=r"m has shape \(3, 5\): the gradient takes it as one value per row"):
+        as_param(x, torch.rand(3, 5, dtype=torch.float64))
+    as_input = _generated("sum(log_softmax(x, -1)*m, -1)", "MaskedRowsInput", tmp_path, inputs=("x", "m"))
+    m = torch.rand(3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(as_input, (x, m)) and torch.autograd.gradgradcheck(as_input, (x, m))

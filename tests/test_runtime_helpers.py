@@ -207,3 +207,12 @@ def test_logsumexp_is_torchs_eager_and_compiled_at_any_scale(dtype):
         rtol = {torch.float32: 2e-6, torch.float64: 1e-14, torch.bfloat16: 1e-2}[dtype]
         torch.testing.assert_close(got, want, rtol=rtol, atol=0)
     torch.testing.assert_close(compiled(x, (0, 1)), torch.logsumexp(x, (0, 1), keepdim=True))
+
+
+def test_row_constant_refuses_a_param_that_varies_along_the_row():
+    for fine in (0.5, torch.tensor(2.0), torch.ones(3, 1), torch.ones(1)):
+        h._row_constant(fine, "s", (-1,))
+    with pytest.raises(ValueError, match=r"s has shape \(3, 4\)"):
+        h._row_constant(torch.ones(3, 4), "s", (-1,))
+    with pytest.raises(ValueError, match="s has shape"):
+        h._row_constant(torch.ones(4), "s", (0,))  # (a front dim: only a single value is sure)

@@ -194,6 +194,7 @@ def vjp(
     adjoints: list[sympy.Symbol],
     inputs: tuple[sympy.Symbol, ...],
     row_sums: str = KNOWN,
+    assumed: set | None = None,
 ) -> tuple[sympy.Expr, ...]:
     """The gradient of each input: the sum over outputs of ``adjoint * d(output)/d(input)``,
     by reverse mode over the outputs' DAG.
@@ -204,7 +205,11 @@ def vjp(
     computed (which the planner saves: the form for compiled bodies, where inductor fuses
     the formula's elementwise passes into one); :data:`KERNELS`, nowhere (the faster form
     where backward reads a log_softmax forward saved, --save speed: the kernel takes it as
-    it is, where the formula needs its exp)."""
+    it is, where the formula needs its exp).
+
+    A param is taken to be constant along a row where a row sum needs it (label smoothing's
+    ``s``): each such param, with the dims, is added to ``assumed``, for the module to
+    refuse a value of it that varies along them."""
     shapes = _Shapes(frozenset(inputs))
     for output, seed in zip(outputs, adjoints):
         shapes.known[seed] = shapes.of(output)  # (an upstream gradient has its output's shape)
@@ -214,6 +219,7 @@ def vjp(
     wanted = frozenset(inputs)
     order = _topological(outputs)
     sums = _RowSums(shapes, frozenset(order) if row_sums == FORWARD else frozenset(), frozenset(adjoints))
+    sums.assumed = assumed if assumed is not None else set()
     for node in order:
         if node not in adjoint or node in wanted or not (node.free_symbols & wanted):
             continue
@@ -274,6 +280,7 @@ class _RowSums:
     elementwise ones."""
 
     def __init__(self, shapes: _Shapes, forward: frozenset, adjoints: frozenset) -> None:
+        self.assumed: set = set()  # (param, dims) taken as constant along the row
         self.shapes = shapes
         self.forward = forward  # the forward nodes whose row sums count as known
         self.adjoints = adjoints
@@ -304,7 +311,14 @@ class _RowSums:
 
     def _constant(self, expr: sympy.Expr, dims: sympy.Tuple) -> bool:
         found = self.shapes.of(expr)
-        return found == EVERY or {int(d) for d in dims} <= found
+        constant = found == EVERY or {int(d) for d in dims} <= found
+        if constant:
+            # (params read for their values, not only for sizes in a Count: assumed constant)
+            counts = {c: sympy.Dummy() for c in sympy.preorder_traversal(expr) if isinstance(c, Count)}
+            symbols = expr.xreplace(counts).free_symbols - self.shapes.inputs - self.adjoints
+            params = {x for x in symbols if isinstance(x, sympy.Symbol) and not isinstance(x, sympy.Dummy)}
+            self.assumed |= {(x, tuple(int(d) for d in dims)) for x in params}
+        return constant
 
 
 def _scatters_added(gradient: sympy.Expr, shapes: _Shapes) -> sympy.Expr:

@@ -77,6 +77,7 @@ class _Saving:
     outputs: tuple[int, ...]  # the outputs it reads, by index
     stats: tuple[tuple[sympy.Symbol, sympy.Expr], ...]  # row values it reads, with their forward formula
     shapes: tuple[sympy.Symbol, ...] = ()  # inputs whose shape it reads from ctx (KeptShape)
+    assumed: frozenset = frozenset()  # (param, dims) its row sums take as constant along dims
 
     def full_tensors(self, inputs: tuple[sympy.Symbol, ...], reduced: list) -> int:
         full_stats = sum(1 for _, node in self.stats if isinstance(node, Softmax))
@@ -139,19 +140,21 @@ class _Planner:
         full = (False, True) if self.spec.save == "speed" else (False,)
         first = FORWARD if self.spec.fuse else KNOWN
         forms = (first, KERNELS) if self.spec.save == "speed" else (first,)
-        options = [
-            self._with_stats(raw, outputs, keep)
-            for raw in (self.raw_vjps(row_sums) for row_sums in forms)
-            for outputs in (False, True)
-            for keep in full
-        ]
+        options = []
+        for row_sums in forms:
+            assumed: set = set()
+            raw = self.raw_vjps(row_sums, assumed)
+            for outputs in (False, True):
+                for keep in full:
+                    options.append(replace(self._with_stats(raw, outputs, keep), assumed=frozenset(assumed)))
         if self.spec.save == "speed":
             return min(options, key=lambda o: (o.recomputed(), o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
         return min(options, key=lambda o: (o.full_tensors(self.inputs, self.reduced), -len(o.outputs)))
 
-    def raw_vjps(self, row_sums: str) -> tuple[sympy.Expr, ...]:
-        """Each input's gradient as backward reads it, before the saved values stand in."""
-        derived = vjp(list(self.outputs), self.adjoints, self.inputs, row_sums)
+    def raw_vjps(self, row_sums: str, assumed: set) -> tuple[sympy.Expr, ...]:
+        """Each input's gradient as backward reads it, before the saved values stand in
+        (``assumed`` gets the params it takes as constant along a row)."""
+        derived = vjp(list(self.outputs), self.adjoints, self.inputs, row_sums, assumed)
         raw = tuple(self.adjoints_shaped_for_kernels(self.counted_by_inputs(v)) for v in derived)
         given = dict(self.p.vjps)  # --vjp: the user's whole gradients (grad_output is the adjoint)
         return tuple(given.get(x, v) for x, v in zip(self.inputs, raw))
@@ -383,7 +386,17 @@ class _Planner:
                 # Never return an input, or one tensor twice: forward-mode AD and
                 # torch.compile need every output to be a tensor of its own.
                 values[i] = method(values[i], "clone")
-        return Method(params=tuple(s.name for s in self.inputs + self.params), body=tuple(statements), values=tuple(values))
+        return Method(params=params, body=tuple(self.row_constant_checks(saving)) + tuple(statements), values=tuple(values))
+
+    def row_constant_checks(self, saving: _Saving) -> list:
+        """A param that backward's row sums take as constant along a row (label smoothing's
+        ``s``, where its row sum is then known without a pass) is refused, in one line, where
+        it varies along that row: a mask of the logits' shape must be an input."""
+        if not saving.assumed:
+            return []
+        self.helpers |= {"_row_constant"}
+        checks = sorted(saving.assumed, key=lambda item: (item[0].name, item[1]))
+        return [Line(call("_row_constant", name(x.name), string(x.name), tuple_of(*dims))) for x, dims in checks]
 
     def norm_forward(self, params: tuple[str, ...]) -> Method:
         """The kernel where the weights have its normalised shape, (H,), and eps is a
@@ -812,7 +825,6 @@ class _OneHot(sympy.Function):
 
     def _sympystr(self, printer) -> str:
         return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
-
 
 
 def _is_odd_half_power(node: sympy.Basic) -> bool:

@@ -140,6 +140,22 @@ def _gather_last(values, t):
     return torch.gather(values, -1, t.unsqueeze(-1))
 
 
+# A row-wise module's backward may take a param as one value per row where a row sum needs
+# it (label smoothing's s: the softmax's row sum is then known, with no pass over the row).
+# A param tensor that varies along the row (a mask) would make that gradient wrong: refused.
+# (A param broadcasts from the last dim: a dim counted from the front of the input is
+# checked only where the param is a single value.)
+def _row_constant(value, param, dims):
+    """Refuses the param ``value`` (named ``param``) where it varies along ``dims``."""
+    if not isinstance(value, torch.Tensor):
+        return
+    if any((value.numel() != 1) if d >= 0 else (value.dim() >= -d and value.shape[d] != 1) for d in dims):
+        raise ValueError(
+            f"{param} has shape {tuple(value.shape)}: the gradient takes it as one value per row"
+            f" (size 1 along dims {tuple(dims)}); make it an input to pass a value per element"
+        )
+
+
 # A jvp's tangent must have its output's exact shape: the engine does not broadcast it.
 def _reduced_to(tangent, shape):
     """``tangent`` broadcast to ``shape``, then summed over the dimensions it has beyond it."""
