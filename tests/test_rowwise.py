@@ -137,8 +137,12 @@ def _load(case: Case, directory):
         module = importlib.import_module(f"generated.{snake_case(case.name)}")
         if module.__symgrad__["expr"] == case.expr:
             return module
-    source = generate_source(case.expr, case.name, inputs=case.inputs, params=case.params)
-    path = directory / f"rowwise_{case.name.lower()}.py"
+    return _module_of(generate_source(case.expr, case.name, inputs=case.inputs, params=case.params), case.name, directory)
+
+
+def _module_of(source: str, name: str, directory):
+    """``source`` written to ``directory`` and imported, as a module of its own."""
+    path = directory / f"rowwise_{name.lower()}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -674,14 +678,8 @@ def test_fused_entropy_backward_reads_the_saved_row_value():
 
 
 def _generated(expr: str, name: str, tmp_path, **options):
-    source = generate_source(expr, name, **options)
-    path = tmp_path / f"rowwise_{name.lower()}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return _alias(module)
+    """The alias of a module generated from ``expr`` here."""
+    return _alias(_module_of(generate_source(expr, name, **options), name, tmp_path))
 
 
 @pytest.mark.parametrize("x_shape", [(6,), (1, 6)])

@@ -19,6 +19,7 @@ from typing import Union
 import sympy
 
 from ..math.reductions import (
+    BackwardValue,
     Chunk,
     ChunkCat,
     Count,
@@ -144,15 +145,9 @@ def _topological(roots: list[sympy.Expr]) -> list[sympy.Expr]:
     return order[::-1]
 
 
-class KernelGradient(sympy.Function):
+class KernelGradient(BackwardValue):
     """``upstream * f'(u)`` computed by ATen's backward kernel for ``f`` (rewrite.kernels.KERNELS):
     one pass, where the formula takes several. Args: upstream, u, f's name as a Symbol."""
-
-    def fdiff(self, argindex=1):
-        raise TypeError("KernelGradient is a backward value: it is not differentiated symbolically")
-
-    def _eval_is_extended_real(self):
-        return True
 
     def _symgrad_torch(self, printer):
         upstream, u, kind = self.args

@@ -258,16 +258,21 @@ class LogSoftmax(Softmax):
         return tangent - ReduceSum(Softmax(*self.args) * tangent, self.dims)
 
 
-class SoftmaxBackward(sympy.Function):
-    """The VJP of a softmax or log_softmax ``y`` for the adjoint ``g``: ATen's
-    ``_softmax_backward_data`` / ``_log_softmax_backward_data``, one fused pass. Args: g,
-    y (the value, or the saved output's symbol), dims, 1 for log_softmax else 0."""
+class BackwardValue(sympy.Function):
+    """A real value that backward, or a body's printed form, computes: printed, never
+    differentiated symbolically (double backward differentiates the printed code)."""
 
     def fdiff(self, argindex=1):
-        raise TypeError("SoftmaxBackward is a backward value: it is not differentiated symbolically")
+        raise TypeError(f"{type(self).__name__} is a backward value: it is not differentiated symbolically")
 
     def _eval_is_extended_real(self):
         return True
+
+
+class SoftmaxBackward(BackwardValue):
+    """The VJP of a softmax or log_softmax ``y`` for the adjoint ``g``: ATen's
+    ``_softmax_backward_data`` / ``_log_softmax_backward_data``, one fused pass. Args: g,
+    y (the value, or the saved output's symbol), dims, 1 for log_softmax else 0."""
 
     def formula(self) -> sympy.Expr:
         adjoint, y, dims, log = self.args
@@ -287,18 +292,12 @@ class SoftmaxBackward(sympy.Function):
         return printer._print(self.formula())
 
 
-class AdjointShapedAs(sympy.Function):
+class AdjointShapedAs(BackwardValue):
     """A softmax's adjoint ``g`` in the shape of the softmax's value ``y``, as ATen's
     backward kernels need it (they do not broadcast): expanded where ``g`` was reduced
     (``sum(log_softmax(x, -1), -1)``), summed where ``y`` was broadcast further on
     (``log_softmax(w, -1)*x`` with ``w`` of shape ``(H,)``); both exact, as the VJP is
     linear in ``g``. Printed as the module helper ``_reduced_to(g, y.shape)``. Args: g, y."""
-
-    def fdiff(self, argindex=1):
-        raise TypeError("AdjointShapedAs is a backward value: it is not differentiated symbolically")
-
-    def _eval_is_extended_real(self):
-        return True
 
     def _symgrad_torch(self, printer) -> Code:
         adjoint, y = self.args
@@ -488,7 +487,7 @@ class Scatter(sympy.Function):
         return f"scatter({printer._print(self.args[0])}, {printer._print(self.args[1])})"
 
 
-class ScatterAdd(sympy.Function):
+class ScatterAdd(BackwardValue):
     """``base`` plus ``a`` (one value per row) at the class ``t`` picks along the last dim:
     a gather's gradient added to a full-size one in an in-row pass (``scatter_add``), where
     :class:`Scatter` would write a zero tensor first and an add would read it again.
@@ -499,12 +498,6 @@ class ScatterAdd(sympy.Function):
     fresh tensor that no other name refers to and that autograd does not read; into the
     output of the softmax in ``softmax*scale + shift``, which the helper scales and shifts
     in place too; else into a clone of ``base``."""
-
-    def fdiff(self, argindex=1):
-        raise TypeError("ScatterAdd is a backward value: it is not differentiated symbolically")
-
-    def _eval_is_extended_real(self):
-        return True
 
     def _symgrad_torch(self, printer) -> Code:
         base, values, index = self.args

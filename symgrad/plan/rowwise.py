@@ -43,6 +43,7 @@ from ..codegen.syntax import (
 )
 from ..derive.rowwise import EVERY, FORWARD, KERNELS, KNOWN, KernelGradient, formula_of_kernels, jvp, reduced_dims, vjp
 from ..math.reductions import (
+    BackwardValue,
     AdjointShapedAs,
     Count,
     Gather,
@@ -787,14 +788,8 @@ def compiled_call(expr: sympy.Expr) -> sympy.Expr:
     return expr.replace(_is_odd_half_power, lambda e: _RootPower(e.base, 2 * e.exp))
 
 
-class _OnePassLogSumExp(sympy.Function):
+class _OnePassLogSumExp(BackwardValue):
     """logsumexp(e, dims) printed as the module's ``_logsumexp(e, dims)``. Args as LogSumExp's."""
-
-    def fdiff(self, argindex=1):
-        raise TypeError("_OnePassLogSumExp is a printed form: it is not differentiated symbolically")
-
-    def _eval_is_extended_real(self):
-        return True
 
     def _symgrad_torch(self, printer) -> Code:
         operand, dims = self.args
@@ -804,17 +799,11 @@ class _OnePassLogSumExp(sympy.Function):
         return printer._print(_LSE(*self.args))
 
 
-class _OneHot(sympy.Function):
+class _OneHot(BackwardValue):
     """A gather's gradient as --fuse's bodies print it: ``where(class == t, a, 0)``, one
     elementwise value that inductor computes inside the loop that reads it. (Scatter's
     ``zeros_like(x).scatter(...)`` is a tensor inductor writes out in full, and reads back.)
     Args as Scatter's: a, t and the tensor whose shape it has."""
-
-    def fdiff(self, argindex=1):
-        raise TypeError("_OneHot is a backward value: it is not differentiated symbolically")
-
-    def _eval_is_extended_real(self):
-        return True
 
     def _symgrad_torch(self, printer) -> Code:
         values, index, like = self.args
@@ -832,17 +821,11 @@ def _is_odd_half_power(node: sympy.Basic) -> bool:
     return node.is_Pow and node.exp.is_Rational and node.exp.q == 2 and abs(node.exp.p) > 1
 
 
-class _RootPower(sympy.Function):
+class _RootPower(BackwardValue):
     """``b**(n/2)`` for an odd n as --fuse's bodies print it, ``rsqrt(b)**3`` for n = -3: a
     square root and multiplications. Inductor's CPU code computes a fractional power as a
     scalar ``std::pow`` for every element, even of a per-row value (a third of cosine
     similarity's backward). Args: b and n."""
-
-    def fdiff(self, argindex=1):
-        raise TypeError("_RootPower is a printed form: it is not differentiated symbolically")
-
-    def _eval_is_extended_real(self):
-        return True
 
     def _symgrad_torch(self, printer) -> Code:
         base, twice = self.args
