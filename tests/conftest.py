@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -63,6 +64,17 @@ def _is_rowwise(name: str) -> bool:
 
 def load(name: str):
     return compiled_at_every_size(importlib.import_module(f"generated.{name}"))
+
+
+def load_source(source: str, path: Path):
+    """``source`` written to ``path`` and imported as a module of its own, registered in
+    sys.modules under its stem (Dynamo looks a module's globals up by its name)."""
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def compiled_at_every_size(module):

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import load_source
 from rowwise_reference import mp_eval
 from symgrad.api import generate_source
 from symgrad.errors import SymgradError
@@ -142,13 +143,7 @@ def _load(case: Case, directory):
 
 def _module_of(source: str, name: str, directory):
     """``source`` written to ``directory`` and imported, as a module of its own."""
-    path = directory / f"rowwise_{name.lower()}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module  # (Dynamo looks globals up by module name)
-    spec.loader.exec_module(module)
-    return module
+    return load_source(source, directory / f"rowwise_{name.lower()}.py")
 
 
 def _args(case: Case, dtype=torch.float64, requires_grad=True):
@@ -332,12 +327,7 @@ def fused_modules(tmp_path_factory):
     loaded = {}
     for case in CASES:
         source = generate_source(case.expr, case.name + "Fused", inputs=case.inputs, params=case.params, fuse=True)
-        path = directory / f"rowwise_fused_{case.name.lower()}.py"
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = module
-        spec.loader.exec_module(module)
+        module = load_source(source, directory / f"rowwise_fused_{case.name.lower()}.py")
         module._EAGER_WORK_LIMIT = 0  # (compile at the tests' small sizes too)
         loaded[case.name] = module
     return loaded

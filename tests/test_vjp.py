@@ -8,12 +8,10 @@ torch; double backward and jvp are refused at call time with a clear error.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import torch
 
+from conftest import load_source
 from symgrad.api import generate_source
 from symgrad.errors import SymgradError
 
@@ -24,13 +22,7 @@ SCALED = ("x*y", "ScaledFirst", {"vjps": {"x": "2*grad_output*y"}})
 
 def _load(case, directory):
     expr, name, options = case
-    source = generate_source(expr, name, **options)
-    path = directory / f"vjp_{name.lower()}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
+    module = load_source(generate_source(expr, name, **options), directory / f"vjp_{name.lower()}.py")
     return getattr(module, module.__all__[1])
 
 
@@ -151,12 +143,7 @@ def test_pyproject_vjp_key(tmp_path):
 def test_a_gradient_of_numbers_and_params_alone(grad, want, tmp_path):
     """--vjp x=1 (or a number param): a tensor of the input's shape, not a number."""
     source = generate_source("sign(x)", "Flat", params=["k"] if grad == "k" else [], vjps={"x": grad})
-    path = tmp_path / "vjp_flat.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
+    module = load_source(source, tmp_path / "vjp_flat.py")
     x = torch.randn(3, 4, requires_grad=True)
     args = (x, 0.25) if grad == "k" else (x,)
     module.flat(*args).sum().backward()
